@@ -1,0 +1,403 @@
+"""Public GQA decode API: the convenience call, the prepared (graph-capturable) launch, seed aliases.
+
+    out = gqa_decode(q, kv, sequence_lengths, out=None, q_scale=1.0, stream=None)
+    p   = prepare_gqa_decode({"Q": q, "KV": kv, "O": o, "sequence_lengths": lens}, num_splits=None)
+    o   = launch_prepared(p)          # one cuLaunchKernelEx: no validation, allocation or host read
+
+Concurrency rule for prepared objects: a prepared object owns a mutable split workspace, so two
+launches of the same object must not run concurrently (different streams without ordering, or two
+graphs replayed concurrently). Give each concurrently running stream or graph its own prepared
+object; ordered reuse (same stream, or streams ordered by events) is fine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Any
+
+from ..runtime import driver as _drv
+from ..runtime import tensors as _tensors
+from ..runtime.compiler import arch_for_cc, compile_module
+from ..runtime.module import ArgPack, Kernel, LaunchPlan, load_library
+from ..runtime.streams import resolve_stream
+from ..runtime.tensormap import TmaSpec, encode_tiled
+from . import contract as _contract
+from . import routes as _routes
+
+__all__ = [
+    "PreparedGqaDecode",
+    "check_status",
+    "gqa_decode",
+    "launch_prepared",
+    "launch_sm110_gqa_decode_prepared",
+    "prepare_gqa_decode",
+    "prepare_sm110_gqa_decode",
+    "sm110_gqa_decode",
+]
+
+_LN2 = math.log(2.0)
+
+
+# ----------------------------------------------------------------------------- kernels per device
+@dataclasses.dataclass(frozen=True)
+class _Loaded:
+    kernel: Kernel
+    arch: str
+    ctas_per_sm: int
+
+
+_loaded: dict[tuple, _Loaded] = {}
+_loaded_lock = threading.Lock()
+
+
+def _load(variant: _routes.Variant, device: int) -> _Loaded:
+    key = (variant, device)
+    hit = _loaded.get(key)
+    if hit is not None:
+        return hit
+    with _loaded_lock:
+        hit = _loaded.get(key)
+        if hit is not None:
+            return hit
+        info = _drv.device_info(device)
+        arch = arch_for_cc(info.cc)
+        mod = compile_module(variant.family.source, arch, variant.defines)
+        lib = load_library(mod.cubin, variant.name)
+        k = lib.kernel(variant.family.entry, device)
+        k.ensure_dynamic_smem(variant.dynamic_smem)
+        drv = _drv.driver()
+        with _drv.device_scope(device):
+            occ = _drv.check(
+                drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(k.function, variant.block[0], variant.dynamic_smem),
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )
+        hit = _Loaded(k, arch, max(1, int(occ)))
+        _loaded[key] = hit
+        return hit
+
+
+def _route(problem: _contract.GqaProblem, backend: str | None) -> tuple[_routes.Variant, _Loaded]:
+    info = _drv.device_info(problem.device)
+    variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend)
+    return variant, _load(variant, problem.device)
+
+
+def _kv_tensor_map(problem: _contract.GqaProblem, variant: _routes.Variant) -> bytes:
+    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
+    return encode_tiled(TmaSpec(
+        dtype=problem.dtype,
+        address=problem.kv.ptr,
+        dims=(D, C, Hkv, 2 * B),
+        strides=(D * 2, C * D * 2, Hkv * C * D * 2),
+        box=(64, variant.tiling.tok, 1, 1),
+        swizzle="128b",
+    ))
+
+
+# ----------------------------------------------------------------------------- split workspace
+@dataclasses.dataclass
+class _Workspace:
+    arrays: tuple          # CuPy arrays kept alive
+    ws_o: int
+    ws_ml: int
+    counters: int
+    nbytes: int
+
+
+def _workspace_bytes(batch: int, hkv: int, group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
+    n_o = batch * hkv * splits * group * head_dim
+    n_ml = batch * hkv * splits * group * 2
+    return n_o, n_ml, batch * hkv
+
+
+def _alloc_workspace(device: int, stream: int, n_o: int, n_ml: int, n_cnt: int) -> _Workspace:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        ws_o = cupy.empty(max(n_o, 1), dtype=cupy.float32)
+        ws_ml = cupy.empty(max(n_ml, 1), dtype=cupy.float32)
+        cnt = cupy.empty(max(n_cnt, 1), dtype=cupy.uint32)
+    drv = _drv.driver()
+    with _drv.device_scope(device):
+        _drv.check(drv.cuMemsetD32Async(int(cnt.data.ptr), 0, max(n_cnt, 1), stream), "cuMemsetD32Async(counters)")
+    return _Workspace((ws_o, ws_ml, cnt), int(ws_o.data.ptr), int(ws_ml.data.ptr), int(cnt.data.ptr),
+                      4 * (n_o + n_ml + n_cnt))
+
+
+# Convenience calls reuse one workspace per (device, stream): launches on one stream are ordered,
+# and the last CTA of every (batch, KV head) leaves its counter at zero.
+_pool: dict[tuple[int, int], _Workspace] = {}
+_pool_lock = threading.Lock()
+
+
+def _pooled_workspace(device: int, stream: int, n_o: int, n_ml: int, n_cnt: int) -> _Workspace:
+    key = (device, stream)
+    with _pool_lock:
+        ws = _pool.get(key)
+        if ws is None or ws.arrays[0].size < n_o or ws.arrays[1].size < n_ml or ws.arrays[2].size < n_cnt:
+            old = ws
+            ws = _alloc_workspace(device, stream, max(n_o, old.arrays[0].size if old else 0) * (2 if old else 1),
+                                  max(n_ml, old.arrays[1].size if old else 0) * (2 if old else 1),
+                                  max(n_cnt, old.arrays[2].size if old else 0) * (2 if old else 1))
+            if old is not None:
+                # An older launch on this stream may still use it: keep it alive for the process.
+                _retired.append(old)
+            _pool[key] = ws
+        return ws
+
+
+_retired: list[_Workspace] = []
+
+
+# ----------------------------------------------------------------------------- argument packing
+def _args_tuple(problem, out_ptr, ws: _Workspace | None, status_ptr: int, splits: int) -> tuple:
+    scale_log2 = problem.q_scale / math.sqrt(problem.head_dim) / _LN2
+    return (
+        problem.q.ptr, problem.kv.ptr, out_ptr, problem.lengths.ptr,
+        ws.ws_o if ws else 0, ws.ws_ml if ws else 0, ws.counters if ws else 0, status_ptr,
+        scale_log2, problem.num_kv_heads, problem.group, problem.capacity, splits,
+    )
+
+
+def _pack(variant, problem, out_ptr, ws, status_ptr, splits) -> ArgPack:
+    pack = ArgPack(variant.family.signature)
+    args = _args_tuple(problem, out_ptr, ws, status_ptr, splits)
+    if variant.family.uses_tma:
+        pack.pack(_kv_tensor_map(problem, variant), args)
+    else:
+        pack.pack(args)
+    return pack
+
+
+class _ExternalStream:
+    """Minimal __cuda_stream__ carrier, so CuPy can treat a raw handle as its current stream."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def _on_stream(stream: int, device: int):
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.cuda.Stream.from_external(_ExternalStream(stream))
+
+
+# ----------------------------------------------------------------------------- convenience API
+def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
+               stream: Any = None, backend: str | None = None) -> Any:
+    """One-token GQA decode.
+
+    q [B, Hq, D], kv [B, 2, Hkv, C, D] (K at 0, V at 1), sequence_lengths int32 [B] on the device,
+    out [B, Hq, D] optional. fp16 or bf16; Hq % Hkv == 0 with group 1..16; D in {64, 128, 256}.
+    Returns ``out`` (the caller's object) or a new array of the caller's framework. Asynchronous on
+    ``stream`` (default: the current torch stream for torch tensors, else CuPy's current stream).
+    Lengths are clamped on the device to [0, C]; an empty request yields zeros.
+    ``backend``: None/'auto', 'hopper' or 'portable' (also GQADRV_BACKEND).
+    """
+    _drv.ensure_init()
+    fw = _tensors.framework_of(q)
+    dev_hint = _device_hint(q)
+    s = resolve_stream(stream, dev_hint, fw)
+    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=s)
+    variant, loaded = _route(problem, backend)
+    info = _drv.device_info(problem.device)
+    splits = _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity,
+                                    info.sm_count, loaded.ctas_per_sm)
+    if out is None:
+        with _on_stream(s, problem.device):
+            out_arr = _tensors.empty(problem.q.shape, problem.dtype, problem.device)
+        out_ptr = int(out_arr.data.ptr)
+    else:
+        out_arr, out_ptr = None, problem.out.ptr
+    ws = None
+    if splits > 1:
+        ws = _pooled_workspace(problem.device, s, *_workspace_bytes(problem.batch, problem.num_kv_heads,
+                                                                     problem.group, problem.head_dim, splits))
+    grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+    pack = _pack(variant, problem, out_ptr, ws, 0, splits)
+    with _drv.device_scope(problem.device):
+        LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True).launch()
+    if out is not None:
+        return out
+    with _on_stream(s, problem.device):
+        return _tensors.export_like(out_arr, q)
+
+
+def _device_hint(obj: Any) -> int:
+    try:
+        t, d = obj.__dlpack_device__()
+        return int(d) if int(t) in (2, 13) else 0
+    except Exception:  # noqa: BLE001 - validation reports the real problem
+        return 0
+
+
+def _require_sm110(device: int) -> None:
+    cc = _drv.device_info(device).cc
+    if cc != (11, 0):
+        raise RuntimeError(
+            f"sm110_gqa_decode requires compute capability 11.0 (Jetson Thor), got {cc[0]}.{cc[1]}; "
+            "use gqadrv.gqa_decode, the portable entry point, on other GPUs"
+        )
+
+
+def sm110_gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
+                     stream: Any = None) -> Any:
+    """Seed-compatible name: like ``gqa_decode`` but raises RuntimeError unless the GPU is SM110."""
+    _drv.ensure_init()
+    _require_sm110(_device_hint(q))
+    return gqa_decode(q, kv, sequence_lengths, out=out, q_scale=q_scale, stream=stream)
+
+
+# ----------------------------------------------------------------------------- prepared API
+@dataclasses.dataclass(frozen=True, repr=False)
+class PreparedGqaDecode:
+    """Immutable result of ``prepare_gqa_decode``; launch it with ``launch_prepared``."""
+
+    route: str
+    num_splits: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    workspace_bytes: int
+    arch: str
+    device: int
+    batch: int
+    capacity: int
+    _plan: LaunchPlan = dataclasses.field(compare=False)
+    _out: Any = dataclasses.field(compare=False)
+    _keep: tuple = dataclasses.field(compare=False)
+    _status: Any = dataclasses.field(compare=False)
+    _stream: int = dataclasses.field(compare=False)
+
+    def __repr__(self) -> str:
+        return (f"PreparedGqaDecode(route={self.route!r}, num_splits={self.num_splits}, grid={self.grid}, "
+                f"block={self.block}, smem={self.dynamic_smem}, workspace_bytes={self.workspace_bytes}, "
+                f"arch={self.arch!r}, device={self.device})")
+
+    @property
+    def output(self) -> Any:
+        return self._out
+
+
+_PREP_KEYS = ("Q", "KV", "O", "sequence_lengths")
+
+
+def prepare_gqa_decode(inputs: dict | None = None, *, Q: Any = None, KV: Any = None, O: Any = None,
+                       sequence_lengths: Any = None, q_scale: Any = None, num_splits: Any = None,
+                       stream: Any = None, backend: str | None = None) -> PreparedGqaDecode:
+    """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
+
+    ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale"}; the same
+    can be given as keywords. ``num_splits``: None (heuristic) or an int in [1, 64]. Call outside
+    CUDA-graph capture; ``launch_prepared`` may then be captured and replayed.
+    """
+    if inputs is not None:
+        if not isinstance(inputs, dict):
+            raise TypeError(f"inputs must be a dict with keys {_PREP_KEYS}, got {type(inputs).__name__}")
+        missing = [k for k in _PREP_KEYS if k not in inputs]
+        if missing:
+            raise KeyError(f"inputs is missing {missing}; required keys: {list(_PREP_KEYS)} (+ optional 'q_scale')")
+        extra = set(inputs) - set(_PREP_KEYS) - {"q_scale"}
+        if extra:
+            raise ValueError(f"unknown inputs keys {sorted(extra)}; expected {list(_PREP_KEYS)} and optional 'q_scale'")
+        if any(x is not None for x in (Q, KV, O, sequence_lengths)):
+            raise ValueError("pass tensors either in `inputs` or as keywords, not both")
+        Q, KV, O, sequence_lengths = (inputs[k] for k in _PREP_KEYS)
+        if q_scale is None:
+            q_scale = inputs.get("q_scale", 1.0)
+    if q_scale is None:
+        q_scale = 1.0
+    if Q is None or KV is None or sequence_lengths is None:
+        raise ValueError("Q, KV and sequence_lengths are required")
+    if O is None:
+        raise ValueError("O (the output tensor) is required by the prepared API")
+    _drv.ensure_init()
+    splits_req = _contract.check_num_splits(num_splits)
+    fw = _tensors.framework_of(Q)
+    s = resolve_stream(stream, _device_hint(Q), fw)
+    problem = _contract.validate(Q, KV, sequence_lengths, O, q_scale, stream=s, names=("Q", "KV", "sequence_lengths", "O"))
+    variant, loaded = _route(problem, backend)
+    info = _drv.device_info(problem.device)
+    if splits_req is None:
+        splits = _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity,
+                                        info.sm_count, loaded.ctas_per_sm)
+    else:
+        if splits_req > 1 and not variant.family.splittable:
+            raise ValueError(
+                f"num_splits={splits_req}: route {variant.family.name!r} (capacity {problem.capacity} <= "
+                f"{_routes.SHORT_CAPACITY_MAX}) cannot split; use num_splits=None or 1"
+            )
+        splits = splits_req
+    ws = None
+    if splits > 1:
+        ws = _alloc_workspace(problem.device, s, *_workspace_bytes(problem.batch, problem.num_kv_heads,
+                                                                   problem.group, problem.head_dim, splits))
+    import cupy
+
+    with cupy.cuda.Device(problem.device):
+        status = cupy.empty(problem.batch, dtype=cupy.uint32)
+    grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+    pack = _pack(variant, problem, problem.out.ptr, ws, int(status.data.ptr), splits)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
+    drv = _drv.driver()
+    with _drv.device_scope(problem.device):
+        _drv.check(drv.cuMemsetD32Async(int(status.data.ptr), 0, problem.batch, s), "cuMemsetD32Async(status)")
+        # the workspace counters and the status must be zero before the first launch on any stream
+        _drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize(prepare)")
+    keep = (Q, KV, O, sequence_lengths, ws, status)
+    return PreparedGqaDecode(
+        route=variant.name, num_splits=splits, grid=grid, block=block, dynamic_smem=smem,
+        workspace_bytes=ws.nbytes if ws else 0, arch=loaded.arch, device=problem.device,
+        batch=problem.batch, capacity=problem.capacity,
+        _plan=plan, _out=O, _keep=keep, _status=status, _stream=s,
+    )
+
+
+def launch_prepared(prepared: PreparedGqaDecode, stream: Any = None) -> Any:
+    """Enqueue one prepared decode (graph-capturable; no validation, allocation or host read).
+
+    ``stream``: None = the stream given at prepare time; any accepted stream spelling otherwise.
+    Returns the caller's O object.
+    """
+    if stream is None:
+        prepared._plan.launch()
+    else:
+        prepared._plan.launch(resolve_stream(stream, prepared.device))
+    return prepared._out
+
+
+def prepare_sm110_gqa_decode(inputs: dict, num_splits: Any = None, stream: Any = None) -> PreparedGqaDecode:
+    """Seed-compatible name of ``prepare_gqa_decode``; RuntimeError unless the GPU is SM110."""
+    _drv.ensure_init()
+    if isinstance(inputs, dict) and "Q" in inputs:
+        _require_sm110(_device_hint(inputs["Q"]))
+    return prepare_gqa_decode(inputs, num_splits=num_splits, stream=stream)
+
+
+def launch_sm110_gqa_decode_prepared(prepared: PreparedGqaDecode, stream: Any = None) -> Any:
+    """Seed-compatible name of ``launch_prepared``."""
+    return launch_prepared(prepared, stream)
+
+
+def check_status(prepared: PreparedGqaDecode) -> dict:
+    """Synchronizing debug helper: which requests of the last launch had out-of-range lengths.
+
+    Returns {"clamped": [...], "empty": [...]} with request indices: ``empty`` lengths were <= 0
+    (zeros were written), ``clamped`` lengths were > capacity (clamped to capacity).
+    """
+    drv = _drv.driver()
+    with _drv.device_scope(prepared.device):
+        _drv.check(drv.cuCtxSynchronize(), "cuCtxSynchronize(check_status)")
+        codes = prepared._status.get().tolist()
+    return {
+        "empty": [i for i, c in enumerate(codes) if c == 1],
+        "clamped": [i for i, c in enumerate(codes) if c == 2],
+    }

@@ -1,0 +1,222 @@
+"""The GQA route registry: the single source of truth for kernels, builds, launch geometry and splits.
+
+A *family* is one kernel source and entry symbol with the architectures it is built for. A
+*variant* is one compiled module of a family (dtype, head dim, MMA rows, tiling). ``select_variant``
+maps (device compute capability, problem geometry, backend) to a variant; ``launch_geometry``
+gives grid, block and dynamic shared memory; ``default_splits`` the split count. Validation, the
+API, the CLI (``compile``), tests and docs all read these tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from ..runtime.module import TMAP, Signature, Struct
+from .contract import MAX_GROUP, MAX_SPLITS, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+
+__all__ = [
+    "ARCH_SMEM_OPTIN",
+    "FAMILIES",
+    "PORTABLE_SMEM_LIMIT",
+    "SHORT_CAPACITY_MAX",
+    "Family",
+    "Tiling",
+    "Variant",
+    "backend_for_cc",
+    "default_splits",
+    "launch_geometry",
+    "select_variant",
+    "variants_for_arch",
+]
+
+# Kernel argument block shared by every GQA kernel (kernels/common/gqa_cta.cuh: struct GqaArgs):
+# 8 pointers, float scale_log2, int hkv, group, capacity, num_splits, 4 bytes of tail padding.
+GQA_ARGS = Struct("<8Qf4i4x")
+SIG_TMA = Signature(("kv_map", TMAP), ("args", GQA_ARGS))
+SIG_PLAIN = Signature(("args", GQA_ARGS))
+
+SHORT_CAPACITY_MAX = 64
+# Per-block shared-memory opt-in limits of the targets (bytes); the portable family must also fit
+# sm_86 / sm_89 (101376 B).
+ARCH_SMEM_OPTIN = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448, "sm_110a": 232448}
+PORTABLE_SMEM_LIMIT = 101376
+_DT_CODE = {"float16": 0, "bfloat16": 1}
+_SPLIT_SCRATCH = (3 * MAX_SPLITS * MAX_GROUP + MAX_GROUP) * 4  # gqa_cta.cuh split-merge scratch
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    source: str
+    entry: str
+    arches: tuple[str, ...]   # NVRTC targets this family is built and checked for
+    signature: Signature
+    uses_tma: bool
+    splittable: bool
+    ring: bool                # pipelined ring in dynamic smem
+    executed_on: str          # where it has run: "H200 (sm_90)" or "compile-only"
+
+
+FAMILIES: dict[str, Family] = {
+    "short": Family("short", "sm90/gqa_decode_short.cu", "gqa_decode_short",
+                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, False, "H200 (sm_90)"),
+    "tma": Family("tma", "sm90/gqa_decode_tma.cu", "gqa_decode_tma",
+                  ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True, "H200 (sm_90)"),
+    "portable": Family("portable", "sm80/gqa_decode_cpasync.cu", "gqa_decode_cpasync",
+                       ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, True, True, "H200 (sm_90)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    warps: int
+    tok: int      # tokens per warp sub-tile
+    stages: int   # ring slots per warp (1 for the short kernel)
+
+    @property
+    def tokens_per_round(self) -> int:
+        return self.warps * self.tok
+
+
+# Default tilings per (family, head_dim); GQADRV_TILING="warps,tok,stages" overrides (tuning only).
+_TILINGS = {
+    ("short", 64): Tiling(4, 16, 1),
+    ("short", 128): Tiling(4, 16, 1),
+    ("short", 256): Tiling(4, 16, 1),
+    ("tma", 64): Tiling(4, 32, 4),
+    ("tma", 128): Tiling(4, 32, 2),
+    ("tma", 256): Tiling(4, 16, 2),
+    # portable rings stay <= 96 KB so they fit the 99 KB opt-in limit of sm_86 / sm_89 GPUs
+    ("portable", 64): Tiling(4, 32, 3),
+    ("portable", 128): Tiling(4, 16, 3),
+    ("portable", 256): Tiling(4, 16, 1),
+}
+
+
+def tiling_for(family: str, head_dim: int) -> Tiling:
+    env = os.environ.get("GQADRV_TILING")
+    if env and family != "short":
+        w, t, s = (int(x) for x in env.split(","))
+        return Tiling(w, t, s)
+    return _TILINGS[(family, head_dim)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    family: Family
+    dtype: str
+    head_dim: int
+    rows: int
+    tiling: Tiling
+
+    @property
+    def name(self) -> str:
+        t = self.tiling
+        return f"{self.family.name}_{self.dtype}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}"
+
+    @property
+    def defines(self) -> dict:
+        t = self.tiling
+        return {"GQA_DT": _DT_CODE[self.dtype], "GQA_D": self.head_dim, "GQA_ROWS": self.rows,
+                "GQA_WARPS": t.warps, "GQA_TOK": t.tok, "GQA_STAGES": t.stages}
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.tiling.warps * 32, 1, 1)
+
+    @property
+    def dynamic_smem(self) -> int:
+        t, D = self.tiling, self.head_dim
+        merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + 1)) * 4
+        need = max(merge, _SPLIT_SCRATCH if self.family.splittable else 0)
+        if self.family.ring:
+            need = max(need, t.warps * t.stages * 2 * D * t.tok * 2)
+        return (need + 1023) // 1024 * 1024
+
+    @property
+    def max_capacity(self) -> int | None:
+        return self.tiling.tokens_per_round if self.family.name == "short" else None
+
+
+def rows_for_group(group: int) -> int:
+    return 8 if group <= 8 else 16
+
+
+def backend_for_cc(cc: tuple[int, int]) -> str:
+    """'hopper' for sm_90, 'portable' for sm_80 .. sm_8x, sm_12x and other newer GPUs."""
+    if cc[0] < 8:
+        raise RuntimeError(
+            f"gqadrv needs compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell); "
+            f"this GPU has {cc[0]}.{cc[1]}"
+        )
+    if cc == (9, 0):
+        return "hopper"
+    return "portable"
+
+
+def _backend_override(backend: str | None) -> str | None:
+    b = backend if backend is not None else (os.environ.get("GQADRV_BACKEND") or None)
+    if b is None:
+        return None
+    b = b.strip().lower()
+    if b not in ("auto", "hopper", "portable"):
+        raise ValueError(f"backend must be one of 'auto', 'hopper', 'portable', got {backend!r}")
+    return None if b == "auto" else b
+
+
+def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str, group: int,
+                   backend: str | None = None) -> Variant:
+    """The route for a device and problem. ``backend`` (or GQADRV_BACKEND) may force 'portable'."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {dtype} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    if not 1 <= group <= MAX_GROUP:
+        raise ValueError(f"group size {group} is not supported; supported: 1..{MAX_GROUP}")
+    native = backend_for_cc(cc)
+    forced = _backend_override(backend)
+    if forced == "hopper" and native != "hopper":
+        raise RuntimeError(f"backend 'hopper' needs compute capability 9.0, this GPU has {cc[0]}.{cc[1]}")
+    chosen = forced or native
+    rows = rows_for_group(group)
+    if capacity <= SHORT_CAPACITY_MAX:
+        fam = FAMILIES["short"]
+    else:
+        fam = FAMILIES["tma"] if chosen == "hopper" else FAMILIES["portable"]
+    return Variant(fam, dtype, head_dim, rows, tiling_for(fam.name, head_dim))
+
+
+def variants_for_arch(arch: str) -> list[Variant]:
+    """Every module `python -m gqadrv compile --arch ARCH` builds."""
+    out = []
+    for fam in FAMILIES.values():
+        if arch not in fam.arches:
+            continue
+        for dtype in SUPPORTED_DTYPES:
+            for d in SUPPORTED_HEAD_DIMS:
+                for rows in (8, 16):
+                    out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d)))
+    return out
+
+
+def launch_geometry(variant: Variant, batch: int, num_kv_heads: int, num_splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """(grid, block, dynamic smem bytes): one CTA per (batch, KV head, split)."""
+    return (batch * num_kv_heads * num_splits, 1, 1), variant.block, variant.dynamic_smem
+
+
+@functools.lru_cache(maxsize=4096)
+def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, sm_count: int,
+                   ctas_per_sm: int) -> int:
+    """Split count from (B*Hkv, KV sub-tiles, SM count): enough CTAs to fill the GPU at batch 1,
+    each split still owning at least one sub-tile per warp."""
+    if not variant.family.splittable:
+        return 1
+    bh = batch * num_kv_heads
+    slots = sm_count * max(1, ctas_per_sm)
+    if bh >= slots:
+        return 1
+    rounds = -(-capacity // variant.tiling.tokens_per_round)
+    want = -(-slots // bh)
+    return max(1, min(want, rounds, MAX_SPLITS))

@@ -1,0 +1,245 @@
+"""Loading cubins, per-device kernel handles, argument packing and launches.
+
+* ``Library``: one cubin loaded with ``cuLibraryLoadData`` (context independent), shared by every
+  device; ``Library.kernel(name, device)`` gives a ``Kernel`` for that device's primary context.
+* ``Kernel``: CUfunction of one device, dynamic shared memory opted in once per (kernel, device).
+* ``Signature``: the kernel's parameter list, described by us (the H200 driver lacks
+  cuFuncGetParamCount), e.g. ``Signature(("desc", TMAP), ("args", Struct("<8Qf4i4x")))``.
+* ``ArgPack``: one host buffer holding every argument plus the ``void*[]`` pointing into it,
+  packed once and reused by every launch.
+* ``LaunchPlan``: a pre-built ``CUlaunchConfig`` (grid, block, dynamic smem, stream, PDL and
+  cluster attributes). ``LaunchPlan.launch()`` is a single ``cuLaunchKernelEx`` call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import struct
+import threading
+
+from . import driver as _drv
+
+__all__ = ["PTR", "I32", "U32", "F32", "TMAP", "Struct", "Signature", "ArgPack", "Library", "Kernel", "LaunchPlan", "load_library"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamKind:
+    name: str
+    size: int
+    align: int
+    fmt: str | None  # struct format for scalars; None for raw byte blobs
+
+
+PTR = ParamKind("ptr", 8, 8, "<Q")
+I32 = ParamKind("i32", 4, 4, "<i")
+U32 = ParamKind("u32", 4, 4, "<I")
+F32 = ParamKind("f32", 4, 4, "<f")
+TMAP = ParamKind("tmap", 128, 64, None)  # CUtensorMap by value (128 raw bytes)
+
+
+def Struct(fmt: str, align: int = 8) -> ParamKind:
+    """A by-value C struct parameter laid out by a ``struct`` format (explicit padding included)."""
+    return ParamKind(f"struct{fmt}", struct.calcsize(fmt), align, fmt)
+
+
+class Signature:
+    """Ordered (name, ParamKind) pairs of a kernel's parameters."""
+
+    def __init__(self, *params: tuple[str, ParamKind]):
+        self.params = tuple(params)
+        self.names = tuple(n for n, _ in params)
+        offs, off = [], 0
+        for _, kind in params:
+            off = (off + kind.align - 1) // kind.align * kind.align
+            offs.append(off)
+            off += kind.size
+        self.offsets = tuple(offs)
+        self.size = off
+
+    def __repr__(self) -> str:
+        return "Signature(" + ", ".join(f"{n}: {k.name}" for n, k in self.params) + ")"
+
+
+class ArgPack:
+    """Host storage of one argument list: ``address`` is the ``void**`` for cuLaunchKernelEx."""
+
+    def __init__(self, sig: Signature):
+        self.sig = sig
+        # 64-byte aligned storage (a tensor map is copied in by value; alignment is for tidiness).
+        self._raw = ctypes.create_string_buffer(sig.size + 64)
+        base = ctypes.addressof(self._raw)
+        self._base = base + (-base) % 64
+        n = max(1, len(sig.params))
+        self._ptrs = (ctypes.c_void_p * n)(*[self._base + o for o in sig.offsets])
+        self.address = ctypes.addressof(self._ptrs)
+
+    def set(self, name: str, value) -> None:
+        i = self.sig.names.index(name)
+        self._write(i, value)
+
+    def pack(self, *values) -> "ArgPack":
+        if len(values) != len(self.sig.params):
+            raise TypeError(f"{self.sig} takes {len(self.sig.params)} arguments, got {len(values)}")
+        for i, v in enumerate(values):
+            self._write(i, v)
+        return self
+
+    def _write(self, i: int, value) -> None:
+        name, kind = self.sig.params[i]
+        addr = self._base + self.sig.offsets[i]
+        if kind.fmt is None or kind is TMAP:
+            data = bytes(value)
+            if len(data) != kind.size:
+                raise ValueError(f"argument {name!r} needs {kind.size} bytes, got {len(data)}")
+            ctypes.memmove(addr, data, kind.size)
+        elif kind.name.startswith("struct"):
+            ctypes.memmove(addr, struct.pack(kind.fmt, *value), kind.size)
+        else:
+            ctypes.memmove(addr, struct.pack(kind.fmt, value), kind.size)
+
+    def bytes(self) -> bytes:
+        return ctypes.string_at(self._base, self.sig.size)
+
+
+class Kernel:
+    """One kernel of a loaded library on one device."""
+
+    def __init__(self, library: "Library", name: str, device: int):
+        drv = _drv.driver()
+        self.library = library
+        self.name = name
+        self.device = device
+        self.handle = _drv.check(drv.cuLibraryGetKernel(library.handle, name.encode()), f"cuLibraryGetKernel({name})")
+        with _drv.device_scope(device):
+            self.function = _drv.check(drv.cuKernelGetFunction(self.handle), f"cuKernelGetFunction({name})")
+            # Force the lazy load now (never during graph capture or timing).
+            A = drv.CUfunction_attribute
+            self.num_regs = int(_drv.check(drv.cuFuncGetAttribute(A.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function), "cuFuncGetAttribute"))
+            self.static_smem = int(
+                _drv.check(drv.cuFuncGetAttribute(A.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.function), "cuFuncGetAttribute")
+            )
+        self.function_int = int(self.function)
+        self._smem_optin = 48 * 1024
+        self._lock = threading.Lock()
+
+    def ensure_dynamic_smem(self, nbytes: int) -> None:
+        """Opt in to ``nbytes`` of dynamic shared memory (once per kernel and device)."""
+        if nbytes <= self._smem_optin:
+            return
+        with self._lock:
+            if nbytes <= self._smem_optin:
+                return
+            info = _drv.device_info(self.device)
+            if nbytes + self.static_smem > info.smem_optin:
+                raise RuntimeError(
+                    f"kernel {self.name} needs {nbytes} B dynamic + {self.static_smem} B static shared memory; "
+                    f"device {self.device} ({info.name}) allows {info.smem_optin} B per block"
+                )
+            drv = _drv.driver()
+            A = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            with _drv.device_scope(self.device):
+                _drv.check(drv.cuFuncSetAttribute(self.function, A, nbytes), f"cuFuncSetAttribute({self.name}, smem={nbytes})")
+            self._smem_optin = nbytes
+
+
+class Library:
+    """A cubin loaded once per process with cuLibraryLoadData."""
+
+    def __init__(self, cubin: bytes, label: str = ""):
+        _drv.ensure_init()
+        drv = _drv.driver()
+        self.label = label
+        self.cubin = cubin
+        self.handle = _drv.check(drv.cuLibraryLoadData(cubin, [], [], 0, [], [], 0), f"cuLibraryLoadData({label})")
+        self._kernels: dict[tuple[str, int], Kernel] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, name: str, device: int) -> Kernel:
+        k = self._kernels.get((name, device))
+        if k is None:
+            with self._lock:
+                k = self._kernels.get((name, device))
+                if k is None:
+                    k = Kernel(self, name, device)
+                    self._kernels[(name, device)] = k
+        return k
+
+
+_libraries: dict[str, Library] = {}
+_lib_lock = threading.Lock()
+
+
+def load_library(cubin: bytes, label: str = "") -> Library:
+    """Load (or reuse) the library for this exact cubin."""
+    key = hashlib.sha256(cubin).hexdigest()
+    lib = _libraries.get(key)
+    if lib is None:
+        with _lib_lock:
+            lib = _libraries.get(key)
+            if lib is None:
+                lib = Library(cubin, label)
+                _libraries[key] = lib
+    return lib
+
+
+class LaunchPlan:
+    """A kernel with its launch configuration and arguments, ready for repeated launches."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        args: ArgPack,
+        stream: int = 0,
+        pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
+    ):
+        drv = _drv.driver()
+        if min(grid) < 1 or min(block) < 1:
+            raise ValueError(f"launch of {kernel.name}: grid {grid} and block {block} must be positive")
+        if cluster is not None and grid[0] % cluster[0]:
+            raise ValueError(f"launch of {kernel.name}: grid.x {grid[0]} is not a multiple of cluster.x {cluster[0]}")
+        kernel.ensure_dynamic_smem(smem)
+        self.kernel = kernel
+        self.grid, self.block, self.smem, self.args = tuple(grid), tuple(block), int(smem), args
+        self.pdl, self.cluster = bool(pdl), cluster
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
+        cfg.sharedMemBytes = self.smem
+        cfg.hStream = int(stream)
+        attrs = []
+        if pdl:
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        if cluster is not None:
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster
+            attrs.append(a)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        self._attrs = attrs  # keep alive
+        self._cfg = cfg
+        self._stream = int(stream)
+        self._launch = drv.cuLaunchKernelEx
+        self._func = kernel.function
+
+    def set_stream(self, stream: int) -> None:
+        if stream != self._stream:
+            self._cfg.hStream = stream
+            self._stream = stream
+
+    def launch(self, stream: int | None = None) -> None:
+        if stream is not None and stream != self._stream:
+            self._cfg.hStream = stream
+            self._stream = stream
+        err = self._launch(self._cfg, self._func, self.args.address, 0)[0]
+        if err:
+            _drv.check((err,), f"cuLaunchKernelEx({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.smem})")

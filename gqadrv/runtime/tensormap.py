@@ -1,0 +1,131 @@
+"""CUtensorMap (TMA descriptor) encoding with Python-side validation.
+
+``encode_tiled`` checks every rule of ``cuTensorMapEncodeTiled`` first and names the offending
+dimension, then asks the driver for the 128 descriptor bytes, which kernels receive by value
+(``const __grid_constant__ TmaDesc``). Dimensions are given innermost first, as the driver wants.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+from . import driver as _drv
+
+__all__ = ["TensorMapError", "TmaSpec", "encode_tiled", "validate_tiled", "ELEMENT_BYTES"]
+
+# element size per data type name (there is no FP8 enum: fp8 data is described as uint8)
+ELEMENT_BYTES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
+_SWIZZLE_SPAN = {"none": None, "32b": 32, "64b": 64, "128b": 128}
+_L2 = ("none", "64b", "128b", "256b")
+
+
+class TensorMapError(ValueError):
+    """A tensor-map request breaks a TMA rule (raised before the driver is called)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TmaSpec:
+    dtype: str
+    address: int
+    dims: tuple[int, ...]           # innermost first, elements
+    strides: tuple[int, ...]        # bytes, for dims[1:] (rank - 1 entries)
+    box: tuple[int, ...]            # innermost first, elements
+    element_strides: tuple[int, ...] | None = None
+    swizzle: str = "128b"
+    l2_promotion: str = "none"
+    oob_nan: bool = False           # False: out-of-bounds elements read as zero
+
+
+def validate_tiled(spec: TmaSpec) -> None:
+    rank = len(spec.dims)
+    if spec.dtype not in ELEMENT_BYTES:
+        raise TensorMapError(f"tensor map dtype {spec.dtype!r} is not supported; use one of {sorted(ELEMENT_BYTES)}")
+    esize = ELEMENT_BYTES[spec.dtype]
+    if not 1 <= rank <= 5:
+        raise TensorMapError(f"tensor map rank must be 1..5, got {rank}")
+    if len(spec.strides) != rank - 1:
+        raise TensorMapError(f"tensor map of rank {rank} needs {rank - 1} strides (dims 1..{rank - 1}), got {len(spec.strides)}")
+    if len(spec.box) != rank:
+        raise TensorMapError(f"tensor map of rank {rank} needs {rank} box sizes, got {len(spec.box)}")
+    es = spec.element_strides or (1,) * rank
+    if len(es) != rank:
+        raise TensorMapError(f"tensor map of rank {rank} needs {rank} element strides, got {len(es)}")
+    if spec.address % 16:
+        raise TensorMapError(f"tensor map global address 0x{spec.address:x} must be 16-byte aligned")
+    for i, d in enumerate(spec.dims):
+        if not 1 <= d <= 2**32:
+            raise TensorMapError(f"tensor map dim {i} has size {d}; each size must be in [1, 2^32]")
+    for i, s in enumerate(spec.strides, start=1):
+        if s % 16:
+            raise TensorMapError(f"tensor map stride of dim {i} is {s} bytes; strides must be multiples of 16 bytes")
+        if not 0 < s < 2**40:
+            raise TensorMapError(f"tensor map stride of dim {i} is {s} bytes; it must be in (0, 2^40)")
+    for i, b in enumerate(spec.box):
+        if not 1 <= b <= 256:
+            raise TensorMapError(f"tensor map box dim {i} is {b}; box sizes must be in [1, 256]")
+    for i, e in enumerate(es):
+        if not 1 <= e <= 8:
+            raise TensorMapError(f"tensor map element stride of dim {i} is {e}; it must be in [1, 8]")
+    inner = spec.box[0] * esize
+    if inner % 16:
+        raise TensorMapError(f"tensor map box dim 0 spans {inner} bytes; it must be a multiple of 16 bytes")
+    if spec.swizzle not in _SWIZZLE_SPAN:
+        raise TensorMapError(f"swizzle must be one of {sorted(_SWIZZLE_SPAN)}, got {spec.swizzle!r}")
+    span = _SWIZZLE_SPAN[spec.swizzle]
+    if span is not None and inner > span:
+        raise TensorMapError(f"tensor map box dim 0 spans {inner} bytes; swizzle {spec.swizzle} allows at most {span}")
+    if spec.l2_promotion not in _L2:
+        raise TensorMapError(f"l2_promotion must be one of {_L2}, got {spec.l2_promotion!r}")
+
+
+def encode_tiled(spec: TmaSpec) -> bytes:
+    """Validate, encode with the driver, and return the 128 descriptor bytes."""
+    validate_tiled(spec)
+    drv = _drv.driver()
+    T = drv.CUtensorMapDataType
+    dtype = {
+        "uint8": T.CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        "uint16": T.CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        "uint32": T.CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        "int32": T.CU_TENSOR_MAP_DATA_TYPE_INT32,
+        "float16": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        "bfloat16": T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        "float32": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    }[spec.dtype]
+    SW = drv.CUtensorMapSwizzle
+    swizzle = {
+        "none": SW.CU_TENSOR_MAP_SWIZZLE_NONE,
+        "32b": SW.CU_TENSOR_MAP_SWIZZLE_32B,
+        "64b": SW.CU_TENSOR_MAP_SWIZZLE_64B,
+        "128b": SW.CU_TENSOR_MAP_SWIZZLE_128B,
+    }[spec.swizzle]
+    L2 = drv.CUtensorMapL2promotion
+    l2 = {
+        "none": L2.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        "64b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+        "128b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        "256b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    }[spec.l2_promotion]
+    OOB = drv.CUtensorMapFloatOOBfill
+    oob = OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA if spec.oob_nan else OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    rank = len(spec.dims)
+    es = spec.element_strides or (1,) * rank
+    tm = _drv.check(
+        drv.cuTensorMapEncodeTiled(
+            dtype,
+            rank,
+            spec.address,
+            [u64(d) for d in spec.dims],
+            [u64(s) for s in spec.strides],
+            [u32(b) for b in spec.box],
+            [u32(e) for e in es],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            l2,
+            oob,
+        ),
+        "cuTensorMapEncodeTiled",
+    )
+    return ctypes.string_at(tm.getPtr(), 128)

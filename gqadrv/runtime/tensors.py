@@ -1,0 +1,190 @@
+"""Framework-neutral tensor ingestion (DLPack) and output hand-back.
+
+Inputs: any object with ``__dlpack__`` (CuPy, torch, JAX, numba, cuda.core views...) is read
+through cuda.core's ``StridedMemoryView`` (pointer, shape, strides, dtype, device) without
+importing its framework. fp8 is not parsed by DLPack consumers today, so an fp8 tensor's dtype is
+taken from an explicit argument or from the producer's own ``dtype`` attribute.
+
+Outputs: allocated with CuPy and returned in the caller's framework, zero copy: CuPy in -> CuPy
+out, torch in -> torch out, JAX in -> JAX out (other producers get CuPy arrays). The caller's
+framework is reached through ``sys.modules`` only: gqadrv never imports torch or JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+__all__ = ["TensorView", "as_view", "empty", "export_like", "framework_of", "overlaps", "DTYPE_BYTES"]
+
+DTYPE_BYTES = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "int32": 4,
+    "uint32": 4,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+_KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 2, 3, 13
+_DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 13: "CUDA managed", 14: "oneAPI"}
+
+
+def framework_of(obj: Any) -> str:
+    mod = type(obj).__module__.split(".")[0]
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    return mod
+
+
+def _dtype_name(dt: Any) -> str:
+    s = str(dt)
+    for prefix in ("torch.", "dtype(", "jnp.", "numpy."):
+        s = s.replace(prefix, "")
+    return s.strip("')\" ")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorView:
+    obj: Any
+    name: str
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # elements
+    dtype: str
+    itemsize: int
+    device: int
+    framework: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    @property
+    def contiguous(self) -> bool:
+        expect = 1
+        for d, s in zip(reversed(self.shape), reversed(self.strides)):
+            if d != 1 and s != expect:
+                return False
+            expect *= d
+        return True
+
+    def byte_range(self) -> tuple[int, int]:
+        """[lo, hi) of the bytes this view can touch (empty range for zero-size views)."""
+        if self.size == 0:
+            return self.ptr, self.ptr
+        lo = hi = 0
+        for d, s in zip(self.shape, self.strides):
+            span = (d - 1) * s * self.itemsize
+            if span < 0:
+                lo += span
+            else:
+                hi += span
+        return self.ptr + lo, self.ptr + hi + self.itemsize
+
+
+def overlaps(a: TensorView, b: TensorView) -> bool:
+    a0, a1 = a.byte_range()
+    b0, b1 = b.byte_range()
+    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
+
+
+def _describe(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None = None) -> TensorView:
+    """Read a DLPack tensor. ``stream``: the consumer stream the producer must order against
+    (None: no synchronisation requested)."""
+    if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
+        raise TypeError(f"{name} must be a CUDA array supporting DLPack (CuPy, torch, JAX, ...); got {_describe(obj)}")
+    try:
+        dev_type, dev_id = obj.__dlpack_device__()
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(f"{name}: __dlpack_device__() failed: {exc}") from exc
+    dev_type = int(dev_type)
+    if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+        where = _DEVICE_NAMES.get(dev_type, f"DLPack device type {dev_type}")
+        raise ValueError(f"{name} must be a CUDA array; got a {where} array ({_describe(obj)}): move it to the GPU first")
+    from cuda.core.utils import StridedMemoryView
+
+    stream_ptr = -1 if stream is None else (1 if stream == 0 else int(stream))
+    try:
+        v = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
+    except BufferError as exc:
+        raise ValueError(f"{name} cannot be exported through DLPack: {exc}") from exc
+    shape = tuple(int(d) for d in v.shape)
+    try:
+        dt = _dtype_name(v.dtype)
+    except TypeError:
+        dt = None  # fp8 & co.: not parsed by the DLPack consumer
+    if dtype is not None:
+        dt = dtype
+    elif dt is None:
+        dt = _dtype_name(getattr(obj, "dtype", "unknown"))
+    itemsize = DTYPE_BYTES.get(dt)
+    if itemsize is None:
+        try:
+            itemsize = int(v.dtype.itemsize)
+        except Exception:  # noqa: BLE001
+            itemsize = 1
+    if v.strides is None:
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        strides = tuple(reversed(strides))
+    else:
+        strides = tuple(int(s) for s in v.strides)
+    return TensorView(obj, name, int(v.ptr), shape, strides, dt, itemsize, int(dev_id), framework_of(obj))
+
+
+def _np_dtype(dtype: str):
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def empty(shape: tuple[int, ...], dtype: str, device: int):
+    """A new CuPy array on ``device``."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.empty(shape, dtype=_np_dtype(dtype))
+
+
+def export_like(arr: Any, like: Any) -> Any:
+    """Hand a CuPy array back in ``like``'s framework (zero copy through DLPack)."""
+    fw = framework_of(like)
+    if fw == "torch":
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            return torch.from_dlpack(arr)
+    elif fw == "jax":
+        jnp = sys.modules.get("jax.numpy")
+        if jnp is not None and hasattr(jnp, "from_dlpack"):
+            return jnp.from_dlpack(arr)
+        jdl = sys.modules.get("jax.dlpack")
+        if jdl is not None:
+            return jdl.from_dlpack(arr)
+    return arr

@@ -1,0 +1,178 @@
+// gqadrv — CTA-level pieces of the GQA decode kernels, shared by every route:
+//   * the kernel argument block (one layout for all GQA kernels, see gqadrv/gqa/routes.py),
+//   * the tile schedule of a (batch, KV head, split) CTA over the device-side length,
+//   * the merge of per-warp softmax states in shared memory,
+//   * the epilogue: normalised fp16/bf16 output (one split) or fp32 partials plus an atomic ticket
+//     per (batch, KV head) whose last arrival merges all splits and resets the counter to zero, so
+//     ordered launches and CUDA-graph replays need no reset kernel.
+#pragma once
+#include "gqa_warp.cuh"
+
+// Scalar/pointer kernel arguments shared by every GQA kernel (after the optional TMA descriptor).
+struct GqaArgs {
+  const u16* q;        // [B, Hq, D]
+  const u16* kv;       // [B, 2, Hkv, C, D]
+  u16* out;            // [B, Hq, D]
+  const i32* lengths;  // [B]
+  float* ws_o;         // [B*Hkv, S, group, D] fp32 partial numerators (splits > 1)
+  float* ws_ml;        // [B*Hkv, S, group, 2]   {max (log2 domain), denominator}
+  u32* counters;       // [B*Hkv] arrival tickets, zero between launches
+  u32* status;         // [B] or null: 0 ok, 1 length <= 0, 2 length > capacity
+  float scale_log2;    // q_scale / sqrt(D) / ln 2
+  int hkv;
+  int group;
+  int capacity;
+  int num_splits;
+};
+
+// Work of one CTA: which request, KV head and split, and which sub-tiles of TOK tokens it owns.
+struct CtaSchedule {
+  int b, kvh, bh, split;
+  int len;            // clamped to [0, capacity]
+  int sub_begin;      // first sub-tile of this split
+  int sub_end;        // one past the last
+};
+
+GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
+  CtaSchedule s;
+  s.split = blockIdx.x % a.num_splits;
+  s.bh = blockIdx.x / a.num_splits;
+  s.b = s.bh / a.hkv;
+  s.kvh = s.bh - s.b * a.hkv;
+  const int raw = a.lengths[s.b];
+  s.len = raw < 0 ? 0 : (raw > a.capacity ? a.capacity : raw);
+  if (a.status != nullptr && s.kvh == 0 && s.split == 0 && threadIdx.x == 0)
+    a.status[s.b] = raw <= 0 ? 1u : (raw > a.capacity ? 2u : 0u);
+  const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
+  s.sub_begin = (int)(((long long)nsub * s.split) / a.num_splits);
+  s.sub_end = (int)(((long long)nsub * (s.split + 1)) / a.num_splits);
+  return s;
+}
+
+template <int D, int ROWS, int W>
+struct MergeArea {
+  static constexpr int ML_FLOATS = W * ROWS * 2;
+  static constexpr int OS_FLOATS = W * ROWS * (D + 1);
+  static constexpr int BYTES = (ML_FLOATS + OS_FLOATS) * 4;
+  static GQADRV_DEVICE float* ml(u8* base, int warp) {
+    return reinterpret_cast<float*>(base) + warp * ROWS * 2;
+  }
+  static GQADRV_DEVICE float* os(u8* base, int warp) {
+    return reinterpret_cast<float*>(base) + ML_FLOATS + warp * ROWS * (D + 1);
+  }
+};
+
+// Scratch of the split merge, reusing the merge area: m[S*group], l[S*group], w[S*group], inv[16].
+GQADRV_DEVICE int split_merge_scratch_bytes(int max_splits) { return (3 * max_splits * 16 + 16) * 4; }
+
+template <int DT>
+GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
+  U32x4 p;
+  p.x = pack2<DT>(v[0] * scale, v[1] * scale);
+  p.y = pack2<DT>(v[2] * scale, v[3] * scale);
+  p.z = pack2<DT>(v[4] * scale, v[5] * scale);
+  p.w = pack2<DT>(v[6] * scale, v[7] * scale);
+  *reinterpret_cast<U32x4*>(dst) = p;
+}
+
+// Merge the W warp states in `area`, then either store the normalised output (one split) or this
+// split's partial and take part in the last-CTA merge. Must be called by all threads of the CTA
+// after a __syncthreads() that follows every warp's store_state().
+template <int DT, int D, int ROWS, int W>
+GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+  using MA = MergeArea<D, ROWS, W>;
+  constexpr int NTHREADS = W * 32;
+  constexpr int D8 = D / 8;
+  const int tid = threadIdx.x;
+  const int group = a.group;
+  const int items = group * D8;
+  const int S = a.num_splits;
+  const long long out_row0 = (long long)sc.b * a.hkv * group + (long long)sc.kvh * group;
+
+  for (int it = tid; it < items; it += NTHREADS) {
+    const int row = it / D8, d0 = (it - row * D8) * 8;
+    float M = neg_inf();
+#pragma unroll
+    for (int w = 0; w < W; ++w) M = fmaxf(M, MA::ml(area, w)[2 * row]);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float den = 0.f;
+    if (M != neg_inf()) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float mw = MA::ml(area, w)[2 * row];
+        if (mw == neg_inf()) continue;
+        const float wt = fast_exp2(mw - M);
+        den += wt * MA::ml(area, w)[2 * row + 1];
+        const float* src = MA::os(area, w) + row * (D + 1) + d0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += wt * src[i];
+      }
+    }
+    if (S == 1) {
+      const float inv = den > 0.f ? 1.f / den : 0.f;
+      store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, inv);
+    } else {
+      const long long slot = ((long long)sc.bh * S + sc.split) * group + row;
+      if (d0 == 0) {
+        a.ws_ml[2 * slot] = M;
+        a.ws_ml[2 * slot + 1] = den;
+      }
+      if (M != neg_inf()) {
+        float* dst = a.ws_o + slot * D + d0;
+        *reinterpret_cast<U32x4*>(dst) = U32x4{__float_as_uint(acc[0]), __float_as_uint(acc[1]),
+                                               __float_as_uint(acc[2]), __float_as_uint(acc[3])};
+        *reinterpret_cast<U32x4*>(dst + 4) = U32x4{__float_as_uint(acc[4]), __float_as_uint(acc[5]),
+                                                   __float_as_uint(acc[6]), __float_as_uint(acc[7])};
+      }
+    }
+  }
+  if (S == 1) return;
+
+  // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
+  __syncthreads();
+  if (tid == 0) {
+    fence_acq_rel_gpu();
+    *s_ticket = atomic_add_acq_rel_gpu(a.counters + sc.bh, 1u);
+  }
+  __syncthreads();
+  if (*s_ticket != (u32)(S - 1)) return;
+  fence_acq_rel_gpu();
+
+  float* sm_m = reinterpret_cast<float*>(area);
+  float* sm_l = sm_m + S * group;
+  float* sm_w = sm_l + S * group;
+  float* sm_inv = sm_w + S * group;
+  const float* ml = a.ws_ml + (long long)sc.bh * S * group * 2;
+  for (int i = tid; i < S * group; i += NTHREADS) {
+    sm_m[i] = ld_cg_f32(ml + 2 * i);
+    sm_l[i] = ld_cg_f32(ml + 2 * i + 1);
+  }
+  __syncthreads();
+  if (tid < group) {
+    float M = neg_inf();
+    for (int s = 0; s < S; ++s) M = fmaxf(M, sm_m[s * group + tid]);
+    float den = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float ms = sm_m[s * group + tid];
+      const float w = (ms == neg_inf()) ? 0.f : fast_exp2(ms - M);
+      sm_w[s * group + tid] = w;
+      den += w * sm_l[s * group + tid];
+    }
+    sm_inv[tid] = den > 0.f ? 1.f / den : 0.f;
+  }
+  __syncthreads();
+  const float* po = a.ws_o + (long long)sc.bh * S * group * D;
+  for (int it = tid; it < items; it += NTHREADS) {
+    const int row = it / D8, d0 = (it - row * D8) * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < S; ++s) {
+      const float w = sm_w[s * group + row];
+      if (w == 0.f) continue;
+      const float* src = po + ((long long)s * group + row) * D + d0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += w * ld_cg_f32(src + i);
+    }
+    store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, sm_inv[row]);
+  }
+  if (tid == 0) store_relaxed_gpu(a.counters + sc.bh, 0u);
+}

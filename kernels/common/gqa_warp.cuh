@@ -1,0 +1,297 @@
+// gqadrv — warp-level GQA decode core, shared by the short, TMA (sm_90a), portable (sm_80) and
+// tcgen05-family host paths.
+//
+// One warp owns the query heads of one KV-head group (rows 0..g-1 of an m16n8k16 A operand; rows
+// g..ROWS-1 are zero padding) and streams sub-tiles of TOK tokens of K and V through mma.sync:
+//
+//   S (ROWS x TOK)  = Q (ROWS x D) . K^T      A = Q fragments (registers), B = K rows
+//   online softmax in the log2 domain on S's C fragments (quad shuffles only)
+//   O (ROWS x D)   += P (ROWS x TOK) . V      A = P (re-packed C fragments), B = V rows
+//
+// Data layout trick: a dot product may sum its terms in any order, so the head dimension of Q and K
+// is permuted per lane such that every lane reads whole 16-byte chunks (8 elements) of a K row, and
+// the token order inside P.V plus the output column order are chosen such that every lane reads
+// whole 16-byte chunks of V rows. No ldmatrix and no transposes are needed; the same loader works on
+// global memory (short kernel) and on 128B-swizzled shared memory written by TMA or cp.async.
+//
+//   K/Q chunk read by lane quad t (= lane % 4) in k-step pair p:  c = 2t + (p & 1) + 8 (p >> 1)
+//     (chunks 2t and 2t+1 of a 128-byte swizzle row never share a bank group: conflict-free)
+//   V chunk read by lane group n (= lane / 4):                     c = 8 box + n
+//   O n-tile j, column n  <->  head-dim element 64 (j / 8) + 8 n + (j % 8)
+//
+// Softmax state (running max m and partial sum l, both per row) lives in registers; l is kept per
+// lane and reduced across the quad once at the end. Positions >= len get score -inf, and V rows
+// >= len are zeroed in registers before P.V, so NaN/Inf stored in padding never reaches O.
+#pragma once
+#include "ptx.cuh"
+
+// Address of 16-byte chunk `c` of row `r` in a tile of `rows` rows stored as 128-byte-wide boxes
+// with the TMA 128B swizzle (chunk index XOR row % 8). Box b holds chunks 8b..8b+7 of every row.
+GQADRV_DEVICE u32 swizzled_chunk_offset(int rows, int r, int c) {
+  return (u32)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <int DT, int D, int ROWS, int TOK>
+struct WarpDecoder {
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(ROWS == 8 || ROWS == 16, "rows");
+  static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
+  static constexpr int KP = D / 32;   // QK k-step pairs (one 16-byte chunk per pair)
+  static constexpr int NJ = D / 8;    // O n-tiles
+  static constexpr int NT = TOK / 8;  // S n-tiles per sub-tile
+  static constexpr int KS = TOK / 16; // P.V k-steps per sub-tile
+  static constexpr int NB = D / 64;   // 128-byte boxes per row
+  static constexpr bool R16 = ROWS == 16;
+  static constexpr int OC = R16 ? 4 : 2;  // accumulator floats kept per n-tile
+
+  u32 q_lo[2 * KP][2];               // A regs 0/2 (row g)
+  u32 q_hi[R16 ? 2 * KP : 1][2];     // A regs 1/3 (row g + 8), only with 16 rows
+  float o[NJ][OC];
+  float m_lo, m_hi;                  // running max (log2 domain), quad-uniform
+  float l_lo, l_hi;                  // partial sums of this lane
+  int lane;
+
+  static GQADRV_DEVICE int k_chunk(int p, int t) { return 2 * t + (p & 1) + 8 * (p >> 1); }
+  // head-dim element of O n-tile j, column n
+  static GQADRV_DEVICE int o_dim(int j, int n) { return 64 * (j >> 3) + 8 * n + (j & 7); }
+
+  GQADRV_DEVICE void init(int lane_id) {
+    lane = lane_id;
+    m_lo = m_hi = neg_inf();
+    l_lo = l_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int c = 0; c < OC; ++c) o[j][c] = 0.f;
+  }
+
+  // Q rows (heads) of this group; `row_lo` / `row_hi` are null for padding rows.
+  GQADRV_DEVICE void load_q(const u16* __restrict__ row_lo, const u16* __restrict__ row_hi) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int p = 0; p < KP; ++p) {
+      const int c = k_chunk(p, t);
+      U32x4 v = {0u, 0u, 0u, 0u};
+      if (row_lo) v = *reinterpret_cast<const U32x4*>(row_lo + 8 * c);
+      q_lo[2 * p][0] = v.x;
+      q_lo[2 * p][1] = v.y;
+      q_lo[2 * p + 1][0] = v.z;
+      q_lo[2 * p + 1][1] = v.w;
+      if constexpr (R16) {
+        U32x4 h = {0u, 0u, 0u, 0u};
+        if (row_hi) h = *reinterpret_cast<const U32x4*>(row_hi + 8 * c);
+        q_hi[2 * p][0] = h.x;
+        q_hi[2 * p][1] = h.y;
+        q_hi[2 * p + 1][0] = h.z;
+        q_hi[2 * p + 1][1] = h.w;
+      }
+    }
+  }
+
+  GQADRV_DEVICE void mma_qk(float (&s)[4], int ks, u32 b0, u32 b1) const {
+    if constexpr (R16)
+      mma_16816<DT>(s, q_lo[ks][0], q_hi[ks][0], q_lo[ks][1], q_hi[ks][1], b0, b1);
+    else
+      mma_16816<DT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
+  }
+
+  // Process one sub-tile of TOK tokens starting at absolute token `tok0`. `src` provides
+  //   U32x4 src.k(r, c), src.v(r, c): 16-byte chunk c of K / V row r (0 <= r < TOK) of the sub-tile.
+  // `len` is the (clamped) valid length: tokens >= len are masked and their V rows zeroed.
+  template <class Src>
+  GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
+    const int t = lane & 3, g = lane >> 2;
+    // ---- S = Q K^T
+    float s[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int p = 0; p < KP; ++p) {
+      U32x4 kc[NT];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) kc[i] = src.k(8 * i + g, k_chunk(p, t));
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
+        mma_qk(s[i], 2 * p + 1, kc[i].z, kc[i].w);
+      }
+    }
+    // ---- online softmax (log2 domain)
+    const bool partial = tok0 + TOK > len;  // warp-uniform
+    float mx_lo = neg_inf(), mx_hi = neg_inf();
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = !partial || (tok0 + 8 * i + 2 * t + e < len);
+        float lo = valid ? s[i][e] * scale_log2 : neg_inf();
+        s[i][e] = lo;
+        mx_lo = fmaxf(mx_lo, lo);
+        if constexpr (R16) {
+          float hi = valid ? s[i][2 + e] * scale_log2 : neg_inf();
+          s[i][2 + e] = hi;
+          mx_hi = fmaxf(mx_hi, hi);
+        }
+      }
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    const float mnew_lo = fmaxf(m_lo, mx_lo);
+    const float base_lo = mnew_lo == neg_inf() ? 0.f : mnew_lo;
+    const float alpha_lo = fast_exp2(m_lo - base_lo);
+    m_lo = mnew_lo;
+    float alpha_hi = 1.f, base_hi = 0.f;
+    if constexpr (R16) {
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float mnew_hi = fmaxf(m_hi, mx_hi);
+      base_hi = mnew_hi == neg_inf() ? 0.f : mnew_hi;
+      alpha_hi = fast_exp2(m_hi - base_hi);
+      m_hi = mnew_hi;
+    }
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[i][e] = fast_exp2(s[i][e] - base_lo);
+        sum_lo += s[i][e];
+        if constexpr (R16) {
+          s[i][2 + e] = fast_exp2(s[i][2 + e] - base_hi);
+          sum_hi += s[i][2 + e];
+        }
+      }
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    if constexpr (R16) l_hi = l_hi * alpha_hi + sum_hi;
+    // Rescale O only when some row's max moved (rare after the first tiles).
+    if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        o[j][0] *= alpha_lo;
+        o[j][1] *= alpha_lo;
+        if constexpr (R16) {
+          o[j][2] *= alpha_hi;
+          o[j][3] *= alpha_hi;
+        }
+      }
+    }
+    // ---- O += P V
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const u32 a0 = pack2<DT>(s[2 * ks][0], s[2 * ks][1]);
+      const u32 a2 = pack2<DT>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      u32 a1 = 0u, a3 = 0u;
+      if constexpr (R16) {
+        a1 = pack2<DT>(s[2 * ks][2], s[2 * ks][3]);
+        a3 = pack2<DT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+      const int r0 = 16 * ks + 2 * t;  // rows r0, r0+1, r0+8, r0+9 of the sub-tile
+#pragma unroll
+      for (int box = 0; box < NB; ++box) {
+        U32x4 v0 = src.v(r0, 8 * box + g);
+        U32x4 v1 = src.v(r0 + 1, 8 * box + g);
+        U32x4 v2 = src.v(r0 + 8, 8 * box + g);
+        U32x4 v3 = src.v(r0 + 9, 8 * box + g);
+        if (partial) {
+          const U32x4 z = {0u, 0u, 0u, 0u};
+          const int tr = tok0 + r0;
+          if (tr >= len) v0 = z;
+          if (tr + 1 >= len) v1 = z;
+          if (tr + 8 >= len) v2 = z;
+          if (tr + 9 >= len) v3 = z;
+        }
+        const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
+        const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
+        const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
+        const u32 w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const int j0 = 8 * box + 2 * w;
+          float acc0[4] = {o[j0][0], o[j0][1], R16 ? o[j0][OC - 2] : 0.f, R16 ? o[j0][OC - 1] : 0.f};
+          mma_16816<DT>(acc0, a0, a1, a2, a3, pack_lo(w0[w], w1[w]), pack_lo(w2[w], w3[w]));
+          float acc1[4] = {o[j0 + 1][0], o[j0 + 1][1], R16 ? o[j0 + 1][OC - 2] : 0.f,
+                           R16 ? o[j0 + 1][OC - 1] : 0.f};
+          mma_16816<DT>(acc1, a0, a1, a2, a3, pack_hi(w0[w], w1[w]), pack_hi(w2[w], w3[w]));
+#pragma unroll
+          for (int c = 0; c < OC; ++c) {
+            o[j0][c] = acc0[c];
+            o[j0 + 1][c] = acc1[c];
+          }
+        }
+      }
+    }
+  }
+
+  // Reduce the per-lane partial sums across the quad (call once after the last step).
+  GQADRV_DEVICE void finish() {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    if constexpr (R16) {
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    }
+  }
+
+  // Write this warp's state (rows < group) into the CTA merge area:
+  //   ml[row] = {m, l}, o[row * (D + 1) + d] (padded rows: fewer bank conflicts).
+  GQADRV_DEVICE void store_state(float* __restrict__ ml, float* __restrict__ os, int group) const {
+    const int t = lane & 3, g = lane >> 2;
+    const bool lo_ok = g < group, hi_ok = R16 && (g + 8 < group);
+    if (t == 0) {
+      if (lo_ok) {
+        ml[2 * g] = m_lo;
+        ml[2 * g + 1] = l_lo;
+      }
+      if (hi_ok) {
+        ml[2 * (g + 8)] = m_hi;
+        ml[2 * (g + 8) + 1] = l_hi;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int d0 = o_dim(j, 2 * t), d1 = o_dim(j, 2 * t + 1);
+      if (lo_ok) {
+        os[g * (D + 1) + d0] = o[j][0];
+        os[g * (D + 1) + d1] = o[j][1];
+      }
+      if constexpr (R16) {
+        if (hi_ok) {
+          os[(g + 8) * (D + 1) + d0] = o[j][2];
+          os[(g + 8) * (D + 1) + d1] = o[j][3];
+        }
+      }
+    }
+  }
+};
+
+// Sources of 16-byte chunks for WarpDecoder::step.
+// (1) Global memory, rows predicated on the valid length (tokens >= len are never read).
+struct GlobalChunks {
+  const u16* __restrict__ k_rows;  // row 0 of the sub-tile
+  const u16* __restrict__ v_rows;
+  int row_elems;              // D
+  int valid_rows;             // rows < valid_rows are read, others are zero
+  GQADRV_DEVICE U32x4 k(int r, int c) const {
+    U32x4 z = {0u, 0u, 0u, 0u};
+    return r < valid_rows ? *reinterpret_cast<const U32x4*>(k_rows + (long long)r * row_elems + 8 * c) : z;
+  }
+  GQADRV_DEVICE U32x4 v(int r, int c) const {
+    U32x4 z = {0u, 0u, 0u, 0u};
+    return r < valid_rows ? *reinterpret_cast<const U32x4*>(v_rows + (long long)r * row_elems + 8 * c) : z;
+  }
+};
+
+// (2) A shared-memory slot holding K then V of one sub-tile, each as D/64 boxes of TOK rows x 128 B
+//     with the 128B swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B).
+template <int D, int TOK>
+struct SwizzledSmemChunks {
+  const u8* base;  // 1024-byte aligned
+  static constexpr int KV_BYTES = D * TOK * 2;
+  GQADRV_DEVICE U32x4 k(int r, int c) const {
+    return *reinterpret_cast<const U32x4*>(base + swizzled_chunk_offset(TOK, r, c));
+  }
+  GQADRV_DEVICE U32x4 v(int r, int c) const {
+    return *reinterpret_cast<const U32x4*>(base + KV_BYTES + swizzled_chunk_offset(TOK, r, c));
+  }
+};

@@ -1,0 +1,228 @@
+// gqadrv — header-only PTX wrappers shared by every kernel family.
+//
+// No CUDA toolkit header is included anywhere: NVRTC's implicit builtins (threadIdx, __syncthreads,
+// __shfl_xor_sync, atomics) plus the inline PTX below are all the kernels use, so a compile needs
+// nothing but libnvrtc and takes tens of milliseconds.
+//
+// Architecture gates: GQADRV_ARCH is set by the host compiler (80, 90, 100, 110). Hopper-and-newer
+// instructions (TMA, mbarrier expect_tx, griddepcontrol) compile to nothing below sm_90 so that
+// shared code can include this file from the sm_80 portable kernels too.
+#pragma once
+
+#ifndef GQADRV_ARCH
+#error "GQADRV_ARCH must be defined by the host compiler (80, 90, 100, 110)"
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define GQADRV_DEVICE __device__ __forceinline__
+
+// A CUtensorMap passed by value (128 bytes). The host copies the encoded bytes into the
+// parameter buffer; the kernel uses &desc as the generic address of the descriptor.
+struct alignas(64) TmaDesc {
+  u64 words[16];
+};
+
+struct alignas(16) U32x4 {
+  u32 x, y, z, w;
+};
+
+GQADRV_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+GQADRV_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
+
+// ----------------------------------------------------------------------------- math
+GQADRV_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+GQADRV_DEVICE float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Pack two fp32 values into one 32-bit register of two 16-bit floats: `lo` goes to bits 0..15.
+template <int DT>
+GQADRV_DEVICE u32 pack2(float lo, float hi);
+template <>
+GQADRV_DEVICE u32 pack2<0>(float lo, float hi) {  // fp16
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+GQADRV_DEVICE u32 pack2<1>(float lo, float hi) {  // bf16
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Unpack one 32-bit register of two 16-bit floats.
+template <int DT>
+GQADRV_DEVICE void unpack2(u32 v, float& lo, float& hi);
+template <>
+GQADRV_DEVICE void unpack2<0>(u32 v, float& lo, float& hi) {
+  u16 a = (u16)(v & 0xffffu), b = (u16)(v >> 16);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(a));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(b));
+}
+template <>
+GQADRV_DEVICE void unpack2<1>(u32 v, float& lo, float& hi) {
+  lo = __int_as_float((int)(v << 16));
+  hi = __int_as_float((int)(v & 0xffff0000u));
+}
+
+// Byte permute: select 16-bit halves of two registers.
+GQADRV_DEVICE u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+// {lo16(a), lo16(b)} and {hi16(a), hi16(b)}
+GQADRV_DEVICE u32 pack_lo(u32 a, u32 b) { return prmt(a, b, 0x5410u); }
+GQADRV_DEVICE u32 pack_hi(u32 a, u32 b) { return prmt(a, b, 0x7632u); }
+
+// D += A(16x16, row) * B(16x8, col), fp32 accumulate. DT 0 = fp16, 1 = bf16.
+template <int DT>
+GQADRV_DEVICE void mma_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
+template <>
+GQADRV_DEVICE void mma_16816<0>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+GQADRV_DEVICE void mma_16816<1>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ----------------------------------------------------------------------------- memory
+GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
+  U32x4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+GQADRV_DEVICE U32x4 ld_shared_v4(u32 addr) {
+  U32x4 r;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "r"(addr));
+  return r;
+}
+
+GQADRV_DEVICE void st_global_v4(void* p, U32x4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+// L2-only load (bypasses L1): used for data another CTA wrote during this launch.
+GQADRV_DEVICE float ld_cg_f32(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// 16-byte asynchronous global->shared copy (sm_80+). src_bytes = 0 zero-fills the destination
+// without reading global memory.
+GQADRV_DEVICE void cp_async_16(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+GQADRV_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+GQADRV_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ----------------------------------------------------------------------------- mbarrier / TMA
+#if GQADRV_ARCH >= 90
+GQADRV_DEVICE void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Make barrier initialisation visible to the async proxy (TMA complete_tx).
+GQADRV_DEVICE void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+GQADRV_DEVICE void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+GQADRV_DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+GQADRV_DEVICE void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Spin until the barrier's phase with the given parity has completed.
+GQADRV_DEVICE void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n"
+      " .reg .pred done;\n"
+      " WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+GQADRV_DEVICE void tma_prefetch_desc(const TmaDesc* desc) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(desc) : "memory");
+}
+// 4-D tiled TMA load into shared memory, completing on an mbarrier, with an L2 cache policy.
+GQADRV_DEVICE void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, int c2, int c3,
+                               u64 policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
+      "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+      : "memory");
+}
+GQADRV_DEVICE u64 l2_policy_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+GQADRV_DEVICE u64 l2_policy_evict_normal() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// Programmatic dependent launch: wait for the preceding grid's memory, let the next grid start.
+GQADRV_DEVICE void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+GQADRV_DEVICE void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+#else
+GQADRV_DEVICE void pdl_wait() {}
+GQADRV_DEVICE void pdl_launch_dependents() {}
+#endif
+
+// ----------------------------------------------------------------------------- atomics
+// Ticket for the last-CTA merge: acq_rel at GPU scope so the partials written before the ticket
+// are visible to whichever CTA draws the last ticket.
+GQADRV_DEVICE u32 atomic_add_acq_rel_gpu(u32* p, u32 v) {
+  u32 old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+GQADRV_DEVICE void store_relaxed_gpu(u32* p, u32 v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+GQADRV_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }

@@ -1,0 +1,86 @@
+// gqadrv — GQA decode, portable pipelined route for sm_80 and newer (A100, L40, RTX; a forced
+// fallback on any newer GPU). No TMA, no mbarrier transactions, no wgmma/tcgen05.
+//
+// CTA work   one (batch b, KV head kvh, split s), exactly as the TMA route (gqa_cta.cuh schedule).
+// Warps      GQA_WARPS identical warps; warp w takes sub-tiles begin+w, begin+w+W, ... Each warp
+//            fills its own private ring with cp.async (16 B per lane per copy, rows >= len are
+//            zero-filled without reading global memory) into the same 128B-swizzled layout the TMA
+//            route uses, so the math (WarpDecoder) is byte-for-byte the same code.
+// Smem map   [0, W*STAGES*SLOT)  ring (slot = K then V of one sub-tile, D/64 boxes of TOK x 128 B);
+//            reused afterwards as MergeArea and split-merge scratch.
+// Barriers   cp.async groups: one commit per ring step (empty groups keep the count uniform),
+//            wait_group<STAGES-1> + __syncwarp before reading a slot, __syncwarp before refilling
+//            it; __syncthreads before the warp-state merge; split ticket: see gqa_cta.cuh.
+#include "../common/gqa_config.cuh"
+#include "../common/gqa_cta.cuh"
+
+namespace {
+constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
+              STAGES = GQA_STAGES;
+constexpr int NB = D / 64;
+constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+constexpr int CHUNKS_PER_PLANE = TOK * NB * 8;  // 16-byte chunks of K (or V) in one sub-tile
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(W * 32)
+    gqa_decode_cpasync(const GqaArgs args) {
+  extern __shared__ __align__(1024) u8 smem[];
+  __shared__ u32 s_ticket;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  pdl_wait();
+  const CtaSchedule sc = make_schedule(args, TOK);
+  const int first = sc.sub_begin + warp;
+  const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
+  u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
+  const long long plane = (long long)args.capacity * D;
+  const u16* kbase = args.kv + (((long long)sc.b * 2) * args.hkv + sc.kvh) * plane;
+  const u16* vbase = args.kv + (((long long)sc.b * 2 + 1) * args.hkv + sc.kvh) * plane;
+
+  auto issue = [&](int i) {
+    const u32 slot = smem_u32(ring + (size_t)(i % STAGES) * SLOT_BYTES);
+    const int tok0 = (first + i * W) * TOK;
+#pragma unroll
+    for (int k = 0; k < CHUNKS_PER_PLANE / 32; ++k) {
+      const int idx = lane + 32 * k;
+      const int r = idx / (NB * 8), c = idx - r * (NB * 8);
+      const bool ok = tok0 + r < sc.len;
+      const long long off = ok ? (long long)(tok0 + r) * D + 8 * c : 0;
+      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+      cp_async_16(dst, kbase + off, ok ? 16u : 0u);
+      cp_async_16(dst + SLOT_BYTES / 2, vbase + off, ok ? 16u : 0u);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    if (s < count) issue(s);
+    cp_async_commit();
+  }
+
+  WarpDecoder<DT, D, ROWS, TOK> dec;
+  dec.init(lane);
+  {
+    const int g = lane >> 2;
+    const u16* qb = args.q + ((long long)sc.b * args.hkv + sc.kvh) * args.group * D;
+    dec.load_q(g < args.group ? qb + g * D : nullptr,
+               (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
+  }
+  pdl_launch_dependents();
+
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();
+    SwizzledSmemChunks<D, TOK> src{ring + (size_t)(i % STAGES) * SLOT_BYTES};
+    dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
+    __syncwarp();
+    if (i + STAGES < count) issue(i + STAGES);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  dec.finish();
+  __syncthreads();
+  using MA = MergeArea<D, ROWS, W>;
+  dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), args.group);
+  __syncthreads();
+  cta_epilogue<DT, D, ROWS, W>(args, sc, smem, &s_ticket);
+}

@@ -1,0 +1,184 @@
+"""GQA host side without a GPU: contract validation, route registry, argument layout, oracle."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeCudaArray, fake
+from gqadrv.gqa import contract, routes
+from gqadrv.gqa.reference import gqa_decode_reference
+
+B, HQ, HKV, C, D = 2, 32, 8, 100, 128
+
+
+def good(**over):
+    t = dict(q=fake((B, HQ, D)), kv=fake((B, 2, HKV, C, D)), lens=fake((B,), np.int32), out=None, q_scale=1.0)
+    t.update(over)
+    return t
+
+
+def run(t):
+    return contract.validate(t["q"], t["kv"], t["lens"], t["out"], t["q_scale"], stream=None)
+
+
+def test_valid_problem():
+    p = run(good(out=fake((B, HQ, D))))
+    assert (p.batch, p.num_q_heads, p.num_kv_heads, p.group, p.capacity, p.head_dim, p.dtype) == (B, HQ, HKV, 4, C, D, "float16")
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    (dict(q=fake((B, HQ))), ValueError, "q must have shape"),
+    (dict(q=fake((0, HQ, D))), ValueError, "batch must be positive"),
+    (dict(q=fake((B, HQ, D), np.float32)), TypeError, "q must have dtype float16 or bfloat16, got float32"),
+    (dict(q=FakeCudaArray(np.zeros((B, D, HQ), np.float16)[:, ::1].transpose(0, 2, 1))), ValueError, "q must be contiguous"),
+    (dict(kv=fake((B, HKV, C, D))), ValueError, "kv must have shape"),
+    (dict(kv=fake((B + 1, 2, HKV, C, D))), ValueError, "kv batch 3 does not match"),
+    (dict(kv=fake((B, 3, HKV, C, D))), ValueError, "dim 1 must be 2"),
+    (dict(kv=fake((B, 2, HKV, 0, D))), ValueError, "capacity must be positive"),
+    (dict(kv=fake((B, 2, HKV, C, 64))), ValueError, "head_dim 64 does not match"),
+    (dict(kv=fake((B, 2, HKV, C, D), np.float32)), TypeError, "kv must have the dtype of q"),
+    (dict(kv=fake((B, 2, HKV, C, D), device=1)), ValueError, "all tensors must share one device"),
+    (dict(kv=fake((B, 2, 5, C, D))), ValueError, "multiple of num_kv_heads"),
+    (dict(q=fake((B, 34, D)), kv=fake((B, 2, 2, C, D))), ValueError, "group size .* 17 is not supported; supported: 1..16"),
+    (dict(q=fake((B, HQ, 96)), kv=fake((B, 2, HKV, C, 96))), ValueError, "head_dim 96 is not supported; supported: 64, 128, 256"),
+    (dict(lens=fake((B,), np.int64)), TypeError, "sequence_lengths must have dtype int32"),
+    (dict(lens=fake((B, 1), np.int32)), ValueError, r"sequence_lengths must have shape \(2,\)"),
+    (dict(lens=fake((B,), np.int32, device=2)), ValueError, "share one device"),
+    (dict(out=fake((B, HQ, 64))), ValueError, "out must have the shape of q"),
+    (dict(out=fake((B, HQ, D), np.float32)), TypeError, "out must have the dtype of q"),
+    (dict(q_scale=0.0), ValueError, "q_scale must be a finite number > 0"),
+    (dict(q_scale=-1.0), ValueError, "q_scale"),
+    (dict(q_scale=float("nan")), ValueError, "q_scale"),
+    (dict(q_scale=float("inf")), ValueError, "q_scale"),
+    (dict(q_scale="1.0"), ValueError, "q_scale"),
+    (dict(q_scale=None), ValueError, "q_scale"),
+    (dict(q_scale=True), ValueError, "q_scale"),
+    (dict(q=np.zeros((B, HQ, D), np.float16)), ValueError, "q must be a CUDA array; got a CPU array"),
+    (dict(kv=[[1.0]]), TypeError, "kv must be a CUDA array supporting DLPack"),
+])
+def test_contract_errors(over, exc, msg):
+    with pytest.raises(exc, match=msg):
+        run(good(**over))
+
+
+def test_out_overlapping_inputs_is_rejected():
+    buf = np.zeros(B * HQ * D * 2, np.float16)
+    q = FakeCudaArray(buf[: B * HQ * D].reshape(B, HQ, D))
+    whole = FakeCudaArray(buf[: B * HQ * D].reshape(B, HQ, D))
+    partial = FakeCudaArray(buf[B * HQ * D // 2: B * HQ * D // 2 + B * HQ * D].reshape(B, HQ, D))
+    disjoint = FakeCudaArray(buf[B * HQ * D:].reshape(B, HQ, D))
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        run(good(q=q, out=whole))
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        run(good(q=q, out=partial))
+    run(good(q=q, out=disjoint))
+    kvbuf = np.zeros(B * 2 * HKV * C * D, np.float16)
+    with pytest.raises(ValueError, match="out must not overlap kv"):
+        run(good(kv=FakeCudaArray(kvbuf.reshape(B, 2, HKV, C, D)), out=FakeCudaArray(kvbuf[128:128 + B * HQ * D].reshape(B, HQ, D))))
+
+
+def test_misaligned_views_are_rejected():
+    buf = np.zeros(B * HQ * D + 8, np.float16)
+    off = (-buf.ctypes.data % 16) // 2 + 1  # 2-byte aligned, not 16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        run(good(q=FakeCudaArray(buf[off:off + B * HQ * D].reshape(B, HQ, D))))
+
+
+@pytest.mark.parametrize("value,ok", [(None, True), (1, True), (64, True), (0, False), (65, False), (-2, False),
+                                      (True, False), (2.0, False), ("4", False)])
+def test_num_splits_rule(value, ok):
+    if ok:
+        assert contract.check_num_splits(value) == value
+    else:
+        with pytest.raises(ValueError, match="num_splits must be None or an int in"):
+            contract.check_num_splits(value)
+
+
+def test_q_scale_accepts_numpy_scalars():
+    assert contract.check_q_scale(np.float32(0.5)) == 0.5 and contract.check_q_scale(2) == 2.0
+
+
+# ----------------------------------------------------------------------------- routes
+@pytest.mark.parametrize("cc,cap,backend,family", [
+    ((9, 0), 64, None, "short"), ((9, 0), 65, None, "tma"), ((9, 0), 1, None, "short"),
+    ((9, 0), 4096, "portable", "portable"), ((8, 0), 4096, None, "portable"), ((8, 9), 65, None, "portable"),
+    ((12, 0), 100, None, "portable"), ((8, 6), 10, None, "short"),
+])
+def test_routing(cc, cap, backend, family):
+    assert routes.select_variant(cc, cap, 128, "float16", 4, backend).family.name == family
+
+
+def test_routing_errors(monkeypatch):
+    with pytest.raises(RuntimeError, match="compute capability 8.0 or newer"):
+        routes.select_variant((7, 5), 100, 128, "float16", 4)
+    with pytest.raises(RuntimeError, match="backend 'hopper' needs compute capability 9.0"):
+        routes.select_variant((8, 0), 100, 128, "float16", 4, "hopper")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        routes.select_variant((9, 0), 100, 128, "float16", 4, "cuda")
+    monkeypatch.setenv("GQADRV_BACKEND", "portable")
+    assert routes.select_variant((9, 0), 100, 128, "float16", 4).family.name == "portable"
+
+
+def test_rows_follow_group():
+    assert routes.select_variant((9, 0), 100, 128, "float16", 8).rows == 8
+    assert routes.select_variant((9, 0), 100, 128, "float16", 9).rows == 16
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a", "sm_110a"])
+def test_every_variant_fits_shared_memory(arch):
+    vs = routes.variants_for_arch(arch)
+    assert vs
+    for v in vs:
+        limit = routes.ARCH_SMEM_OPTIN[arch]
+        if v.family.name in ("portable", "short"):
+            limit = min(limit, routes.PORTABLE_SMEM_LIMIT)
+        assert v.dynamic_smem + 1024 <= limit, v.name
+        assert v.family.name != "short" or v.tiling.tokens_per_round >= routes.SHORT_CAPACITY_MAX
+
+
+def test_split_heuristic():
+    v = routes.select_variant((9, 0), 32768, 128, "float16", 4)
+    assert routes.default_splits(v, 1, 8, 32768, 132, 1) == 17      # batch 1 fills 132 SMs
+    assert routes.default_splits(v, 64, 8, 4096, 132, 1) == 1        # large batch: no split
+    assert routes.default_splits(v, 1, 8, 65, 132, 1) == 1           # one sub-tile round: nothing to split
+    short = routes.select_variant((9, 0), 64, 128, "float16", 4)
+    assert routes.default_splits(short, 1, 8, 64, 132, 1) == 1
+    grid, block, smem = routes.launch_geometry(v, 3, 8, 5)
+    assert grid == (120, 1, 1) and block == (128, 1, 1) and smem == v.dynamic_smem
+
+
+def test_kernel_argument_block_layout():
+    # must match struct GqaArgs in kernels/common/gqa_cta.cuh: 8 pointers, float, 4 ints, padded to 8
+    assert routes.GQA_ARGS.size == 88
+    assert routes.SIG_TMA.offsets == (0, 128) and routes.SIG_TMA.size == 216
+    text = open(__import__("gqadrv.runtime.compiler", fromlist=["x"]).kernels_root() / "common" / "gqa_cta.cuh").read()
+    body = text[text.index("struct GqaArgs {"):text.index("};", text.index("struct GqaArgs {"))]
+    fields = [ln.split("//")[0].strip() for ln in body.splitlines()[1:] if ln.split("//")[0].strip()]
+    assert sum(f.count("*") for f in fields) == 8 and fields[8].startswith("float") and len(fields) == 13
+
+
+# ----------------------------------------------------------------------------- oracle
+def test_oracle_against_direct_formula():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((3, 6, 64))
+    kv = rng.standard_normal((3, 2, 2, 11, 64))
+    lens = np.array([11, 4, 1])
+    out = gqa_decode_reference(q, kv, lens, 1.5)
+    for b in range(3):
+        for h in range(6):
+            k, v = kv[b, 0, h // 3, : lens[b]], kv[b, 1, h // 3, : lens[b]]
+            s = k @ q[b, h] * 1.5 / math.sqrt(64)
+            p = np.exp(s - s.max())
+            np.testing.assert_allclose(out[b, h], (p / p.sum()) @ v, rtol=1e-12, atol=1e-12)
+
+
+def test_oracle_clamps_and_ignores_padding():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((4, 2, 64))
+    kv = rng.standard_normal((4, 2, 1, 8, 64))
+    kv[:, :, :, 5:] = np.nan
+    out = gqa_decode_reference(q, kv, np.array([5, 0, -3, 5]), 1.0)
+    assert np.all(out[1] == 0) and np.all(out[2] == 0) and np.all(np.isfinite(out))
+    kv2 = rng.standard_normal((1, 2, 1, 8, 64))
+    np.testing.assert_allclose(gqa_decode_reference(q[:1], kv2, np.array([99])), gqa_decode_reference(q[:1], kv2, np.array([8])))

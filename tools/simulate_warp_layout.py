@@ -1,0 +1,135 @@
+"""Numpy model of kernels/common/gqa_warp.cuh: simulates the 32 lanes' mma.sync m16n8k16 fragments
+(PTX ISA layouts) with the permuted chunk mapping, the swizzled smem addressing and the online
+softmax, and compares one warp's result with the float64 oracle. Run: python tools/simulate_warp_layout.py"""
+
+import numpy as np
+
+LANES = np.arange(32)
+G, T = LANES // 4, LANES % 4
+
+
+def mma(acc, a, b):
+    """acc[lane][4] += A(16x16) B(16x8); a[lane][4][2], b[lane][2][2] halves (as float)."""
+    A = np.zeros((16, 16)); B = np.zeros((16, 8))
+    for l in range(32):
+        g, t = l // 4, l % 4
+        for e in range(2):
+            A[g, 2 * t + e] = a[l][0][e]; A[g + 8, 2 * t + e] = a[l][1][e]
+            A[g, 2 * t + 8 + e] = a[l][2][e]; A[g + 8, 2 * t + 8 + e] = a[l][3][e]
+            B[2 * t + e, g] = b[l][0][e]; B[2 * t + 8 + e, g] = b[l][1][e]
+    C = A @ B
+    for l in range(32):
+        g, t = l // 4, l % 4
+        acc[l][0] += C[g, 2 * t]; acc[l][1] += C[g, 2 * t + 1]
+        acc[l][2] += C[g + 8, 2 * t]; acc[l][3] += C[g + 8, 2 * t + 1]
+
+
+def k_chunk(p, t):
+    return 2 * t + (p & 1) + 8 * (p >> 1)
+
+
+def o_dim(j, n):
+    return 64 * (j >> 3) + 8 * n + (j & 7)
+
+
+def swz(rows, r, c):
+    return (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)
+
+
+def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0):
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((group, D)).astype(np.float16).astype(np.float64)
+    K = rng.standard_normal((ntok, D)).astype(np.float16).astype(np.float64)
+    V = rng.standard_normal((ntok, D)).astype(np.float16).astype(np.float64)
+    K[length:] = np.nan; V[length:] = np.nan
+    KP, NJ, NT, KS, NB = D // 32, D // 8, TOK // 8, TOK // 16, D // 64
+    # Q fragments
+    qlo = np.zeros((32, 2 * KP, 2, 2)); qhi = np.zeros((32, 2 * KP, 2, 2))
+    for l in range(32):
+        g, t = l // 4, l % 4
+        for p in range(KP):
+            c = k_chunk(p, t)
+            for row, dst in ((g, qlo), (g + 8, qhi)):
+                if row < group and (row < 8 or ROWS == 16):
+                    v = Q[row, 8 * c: 8 * c + 8]
+                    dst[l, 2 * p, 0] = v[0:2]; dst[l, 2 * p, 1] = v[2:4]
+                    dst[l, 2 * p + 1, 0] = v[4:6]; dst[l, 2 * p + 1, 1] = v[6:8]
+    o = np.zeros((32, NJ, 4)); m = np.full((32, 2), -np.inf); lsum = np.zeros((32, 2))
+    sl2 = scale / np.sqrt(D) / np.log(2)
+    for tok0 in range(0, ntok, TOK):
+        # the slot as TMA would write it (128B swizzle), as bytes of fp16 -> we keep float elements
+        slotK = {}; slotV = {}
+        for r in range(TOK):
+            for c in range(D // 8):
+                off = swz(TOK, r, c)
+                slotK[off] = K[tok0 + r, 8 * c: 8 * c + 8] if tok0 + r < ntok else np.zeros(8)
+                slotV[off] = V[tok0 + r, 8 * c: 8 * c + 8] if tok0 + r < ntok else np.zeros(8)
+        ldk = lambda r, c: slotK[swz(TOK, r, c)]
+        ldv = lambda r, c: slotV[swz(TOK, r, c)]
+        s = np.zeros((32, NT, 4))
+        for p in range(KP):
+            for i in range(NT):
+                a0 = [[qlo[l, 2 * p, 0], qhi[l, 2 * p, 0], qlo[l, 2 * p, 1], qhi[l, 2 * p, 1]] for l in range(32)]
+                a1 = [[qlo[l, 2 * p + 1, 0], qhi[l, 2 * p + 1, 0], qlo[l, 2 * p + 1, 1], qhi[l, 2 * p + 1, 1]] for l in range(32)]
+                kc = [ldk(8 * i + l // 4, k_chunk(p, l % 4)) for l in range(32)]
+                acc = s[:, i]
+                mma(acc, a0, [[kc[l][0:2], kc[l][2:4]] for l in range(32)])
+                mma(acc, a1, [[kc[l][4:6], kc[l][6:8]] for l in range(32)])
+        partial = tok0 + TOK > length
+        for l in range(32):
+            t = l % 4
+            for i in range(NT):
+                for e in range(2):
+                    valid = (not partial) or (tok0 + 8 * i + 2 * t + e < length)
+                    s[l, i, e] = s[l, i, e] * sl2 if valid else -np.inf
+                    s[l, i, 2 + e] = s[l, i, 2 + e] * sl2 if valid else -np.inf
+        mx = np.max(s[:, :, [0, 1]].reshape(32, -1), axis=1), np.max(s[:, :, [2, 3]].reshape(32, -1), axis=1)
+        for h in range(2):  # quad allreduce
+            v = mx[h].reshape(8, 4).max(axis=1).repeat(4)
+            mnew = np.maximum(m[:, h], v)
+            base = np.where(mnew == -np.inf, 0, mnew)
+            alpha = np.exp2(m[:, h] - base)
+            m[:, h] = mnew
+            cols = [0, 1] if h == 0 else [2, 3]
+            s[:, :, cols] = np.exp2(s[:, :, cols] - base[:, None, None])
+            lsum[:, h] = lsum[:, h] * alpha + s[:, :, cols].reshape(32, -1).sum(axis=1)
+            o[:, :, cols] *= alpha[:, None, None]
+        P = s.astype(np.float16).astype(np.float64)
+        for ks in range(KS):
+            a = [[P[l, 2 * ks, 0:2], P[l, 2 * ks, 2:4], P[l, 2 * ks + 1, 0:2], P[l, 2 * ks + 1, 2:4]] for l in range(32)]
+            for box in range(NB):
+                rows = [16 * ks + 2 * (l % 4) + d for l in range(32) for d in (0, 1, 8, 9)]
+                vv = np.zeros((32, 4, 8))
+                for l in range(32):
+                    r0 = 16 * ks + 2 * (l % 4)
+                    for k, dr in enumerate((0, 1, 8, 9)):
+                        x = ldv(r0 + dr, 8 * box + l // 4).copy()
+                        if partial and tok0 + r0 + dr >= length:
+                            x[:] = 0
+                        vv[l, k] = x
+                for w in range(4):
+                    j0 = 8 * box + 2 * w
+                    b_lo = [[[vv[l, 0, 2 * w], vv[l, 1, 2 * w]], [vv[l, 2, 2 * w], vv[l, 3, 2 * w]]] for l in range(32)]
+                    b_hi = [[[vv[l, 0, 2 * w + 1], vv[l, 1, 2 * w + 1]], [vv[l, 2, 2 * w + 1], vv[l, 3, 2 * w + 1]]] for l in range(32)]
+                    mma(o[:, j0], a, b_lo)
+                    mma(o[:, j0 + 1], a, b_hi)
+    ltot = lsum.reshape(8, 4, 2).sum(axis=1)  # quad reduce -> per g
+    out = np.zeros((group, D))
+    for l in range(32):
+        g, t = l // 4, l % 4
+        for j in range(NJ):
+            for h, row in ((0, g), (1, g + 8)):
+                if row < group:
+                    out[row, o_dim(j, 2 * t)] = o[l, j, 2 * h] / ltot[g, h]
+                    out[row, o_dim(j, 2 * t + 1)] = o[l, j, 2 * h + 1] / ltot[g, h]
+    sc = Q @ K[:length].T * scale / np.sqrt(D)
+    p = np.exp(sc - sc.max(axis=1, keepdims=True))
+    ref = (p / p.sum(axis=1, keepdims=True)) @ V[:length]
+    return np.max(np.abs(out - ref))
+
+
+if __name__ == "__main__":
+    for kw in (dict(D=128, ROWS=16, TOK=32, group=12, length=77), dict(D=64, ROWS=8, TOK=16, group=4, length=40, ntok=48),
+               dict(D=256, ROWS=8, TOK=16, group=8, length=33, ntok=48), dict(D=128, ROWS=8, TOK=32, group=1, length=96)):
+        err = run(**kw)
+        print(kw, "max err", f"{err:.2e}", "OK" if err < 1e-2 else "FAIL")
