@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.compiler import arch_for_cc, compile_module
 from ..runtime.module import ArgPack, Kernel, LaunchPlan, load_library
-from ..runtime.streams import resolve_stream
+from ..runtime.streams import is_capturing, resolve_stream
 from ..runtime.tensormap import TmaSpec, encode_tiled
 from . import contract as _contract
 from . import routes as _routes
@@ -78,13 +79,42 @@ def _load(variant: _routes.Variant, device: int) -> _Loaded:
         return hit
 
 
+_ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST")
+_route_cache: dict = {}
+
+
 def _route(problem: _contract.GqaProblem, backend: str | None) -> tuple[_routes.Variant, _Loaded]:
-    info = _drv.device_info(problem.device)
-    variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend)
-    return variant, _load(variant, problem.device)
+    env = os.environ
+    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend,
+           tuple(env.get(k) for k in _ENV_KEYS))
+    hit = _route_cache.get(key)
+    if hit is None:
+        info = _drv.device_info(problem.device)
+        variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend)
+        hit = (variant, _load(variant, problem.device))
+        if len(_route_cache) > 1024:
+            _route_cache.clear()
+        _route_cache[key] = hit
+    return hit
+
+
+_tmap_cache: dict = {}
 
 
 def _kv_tensor_map(problem: _contract.GqaProblem, variant: _routes.Variant) -> bytes:
+    """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
+    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
+    key = (problem.device, problem.kv.ptr, B, Hkv, C, D, problem.dtype, variant.tiling.tok)
+    hit = _tmap_cache.get(key)
+    if hit is not None:
+        return hit
+    if len(_tmap_cache) > 512:
+        _tmap_cache.clear()
+    hit = _tmap_cache[key] = _encode_kv_map(problem, variant)
+    return hit
+
+
+def _encode_kv_map(problem: _contract.GqaProblem, variant: _routes.Variant) -> bytes:
     B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
     return encode_tiled(TmaSpec(
         dtype=problem.dtype,
@@ -183,11 +213,58 @@ class _ExternalStream:
         return (0, self.handle)
 
 
-def _on_stream(stream: int, device: int):
-    import cupy
+_ext_streams: dict = {}
 
-    with cupy.cuda.Device(device):
-        return cupy.cuda.Stream.from_external(_ExternalStream(stream))
+
+def _on_stream(stream: int, device: int):
+    """A CuPy stream object for a raw handle (cached), usable as ``with`` context."""
+    key = (device, stream)
+    st = _ext_streams.get(key)
+    if st is None:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            st = cupy.cuda.Stream.from_external(_ExternalStream(stream))
+        if len(_ext_streams) > 256:
+            _ext_streams.clear()
+        _ext_streams[key] = st
+    return st
+
+
+# Convenience launches reuse one LaunchPlan (config + argument buffer) per (kernel, grid, stream);
+# the lock covers packing and enqueueing, so concurrent threads cannot interleave arguments.
+_plans: dict = {}
+_plans_lock = threading.Lock()
+
+
+def _launch_convenience(loaded: _Loaded, variant, problem, grid, block, smem, s, out_ptr, ws, splits) -> None:
+    key = (loaded.kernel.function_int, grid, smem, s)
+    args = _args_tuple(problem, out_ptr, ws, 0, splits)
+    tmap = _kv_tensor_map(problem, variant) if variant.family.uses_tma else None
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is None:
+            if len(_plans) > 256:
+                _plans.clear()
+            plan = _plans[key] = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature),
+                                            stream=s, pdl=True)
+        if tmap is not None:
+            plan.args.pack(tmap, args)
+        else:
+            plan.args.pack(args)
+        if _MULTI_DEVICE[0]:
+            with _drv.device_scope(problem.device):
+                plan.launch()
+        else:
+            plan.launch()
+
+
+_MULTI_DEVICE = [None]
+
+
+def _note_devices() -> None:
+    if _MULTI_DEVICE[0] is None:
+        _MULTI_DEVICE[0] = _drv.device_count() > 1
 
 
 # ----------------------------------------------------------------------------- convenience API
@@ -203,10 +280,12 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
     ``backend``: None/'auto', 'hopper' or 'portable' (also GQADRV_BACKEND).
     """
     _drv.ensure_init()
+    _note_devices()
     fw = _tensors.framework_of(q)
     dev_hint = _device_hint(q)
     s = resolve_stream(stream, dev_hint, fw)
-    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=s)
+    # DLPack stream handshake, except while capturing (then inputs must already be ordered)
+    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=None if is_capturing(s) else s)
     variant, loaded = _route(problem, backend)
     info = _drv.device_info(problem.device)
     splits = _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity,
@@ -222,9 +301,7 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
         ws = _pooled_workspace(problem.device, s, *_workspace_bytes(problem.batch, problem.num_kv_heads,
                                                                      problem.group, problem.head_dim, splits))
     grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
-    pack = _pack(variant, problem, out_ptr, ws, 0, splits)
-    with _drv.device_scope(problem.device):
-        LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True).launch()
+    _launch_convenience(loaded, variant, problem, grid, block, smem, s, out_ptr, ws, splits)
     if out is not None:
         return out
     with _on_stream(s, problem.device):
@@ -320,9 +397,13 @@ def prepare_gqa_decode(inputs: dict | None = None, *, Q: Any = None, KV: Any = N
     if O is None:
         raise ValueError("O (the output tensor) is required by the prepared API")
     _drv.ensure_init()
+    _note_devices()
     splits_req = _contract.check_num_splits(num_splits)
     fw = _tensors.framework_of(Q)
     s = resolve_stream(stream, _device_hint(Q), fw)
+    if is_capturing(s):
+        raise RuntimeError("prepare_gqa_decode must be called outside CUDA-graph capture "
+                           "(it allocates and synchronizes); capture launch_prepared instead")
     problem = _contract.validate(Q, KV, sequence_lengths, O, q_scale, stream=s, names=("Q", "KV", "sequence_lengths", "O"))
     variant, loaded = _route(problem, backend)
     info = _drv.device_info(problem.device)
@@ -367,10 +448,13 @@ def launch_prepared(prepared: PreparedGqaDecode, stream: Any = None) -> Any:
     ``stream``: None = the stream given at prepare time; any accepted stream spelling otherwise.
     Returns the caller's O object.
     """
-    if stream is None:
-        prepared._plan.launch()
+    plan = prepared._plan
+    h = None if stream is None else resolve_stream(stream, prepared.device)
+    if _MULTI_DEVICE[0]:
+        with _drv.device_scope(prepared.device):
+            plan.launch(h)
     else:
-        prepared._plan.launch(resolve_stream(stream, prepared.device))
+        plan.launch(h)
     return prepared._out
 
 

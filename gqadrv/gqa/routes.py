@@ -103,6 +103,17 @@ def tiling_for(family: str, head_dim: int) -> Tiling:
     return _TILINGS[(family, head_dim)]
 
 
+# Compile-time switches of the TMA family (kernels/sm90/gqa_decode_tma.cu); the environment
+# variables exist for tuning runs only.
+_TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1), "GQA_L2_EVICT_FIRST": ("GQADRV_L2_EVICT_FIRST", 0)}
+
+
+def switches_for(family: str) -> tuple[tuple[str, int], ...]:
+    if family != "tma":
+        return ()
+    return tuple((macro, int(os.environ.get(env, default))) for macro, (env, default) in _TMA_SWITCHES.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     family: Family
@@ -110,17 +121,22 @@ class Variant:
     head_dim: int
     rows: int
     tiling: Tiling
+    switches: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:
         t = self.tiling
-        return f"{self.family.name}_{self.dtype}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}"
+        extra = "".join(f"_{m.lower().replace('gqa_', '')}{v}" for m, v in self.switches
+                        if v != _TMA_SWITCHES.get(m, ("", v))[1])
+        return f"{self.family.name}_{self.dtype}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}{extra}"
 
     @property
     def defines(self) -> dict:
         t = self.tiling
-        return {"GQA_DT": _DT_CODE[self.dtype], "GQA_D": self.head_dim, "GQA_ROWS": self.rows,
-                "GQA_WARPS": t.warps, "GQA_TOK": t.tok, "GQA_STAGES": t.stages}
+        d = {"GQA_DT": _DT_CODE[self.dtype], "GQA_D": self.head_dim, "GQA_ROWS": self.rows,
+             "GQA_WARPS": t.warps, "GQA_TOK": t.tok, "GQA_STAGES": t.stages}
+        d.update(self.switches)
+        return d
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -185,7 +201,7 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
         fam = FAMILIES["short"]
     else:
         fam = FAMILIES["tma"] if chosen == "hopper" else FAMILIES["portable"]
-    return Variant(fam, dtype, head_dim, rows, tiling_for(fam.name, head_dim))
+    return Variant(fam, dtype, head_dim, rows, tiling_for(fam.name, head_dim), switches_for(fam.name))
 
 
 def variants_for_arch(arch: str) -> list[Variant]:
@@ -197,7 +213,7 @@ def variants_for_arch(arch: str) -> list[Variant]:
         for dtype in SUPPORTED_DTYPES:
             for d in SUPPORTED_HEAD_DIMS:
                 for rows in (8, 16):
-                    out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d)))
+                    out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d), switches_for(fam.name)))
     return out
 
 

@@ -14,7 +14,7 @@ from . import driver as _drv
 from . import tensors as _tensors
 from .compiler import arch_for_cc, arch_number, compile_module
 from .module import I32, PTR, TMAP, ArgPack, LaunchPlan, Signature, load_library
-from .streams import resolve_stream
+from .streams import is_capturing, resolve_stream
 from .tensormap import ELEMENT_BYTES, TmaSpec, encode_tiled
 
 __all__ = ["tma_ring_reduce", "PROOF_SOURCE", "PROOF_SIGNATURE", "proof_ring_bytes"]
@@ -33,7 +33,7 @@ def tma_ring_reduce(x: Any, *, box: tuple[int, int] | None = None, grid: int | N
                     out: Any = None) -> Any:
     _drv.ensure_init()
     s = resolve_stream(stream, 0, _tensors.framework_of(x))
-    v = _tensors.as_view(x, "x", stream=s)
+    v = _tensors.as_view(x, "x", stream=None if is_capturing(s) else s)
     if v.dtype not in _DT:
         raise TypeError(f"x must be float16, bfloat16 or float32, got {v.dtype}")
     if v.ndim != 4:
@@ -59,7 +59,7 @@ def tma_ring_reduce(x: Any, *, box: tuple[int, int] | None = None, grid: int | N
             res = _tensors.empty((N3, N2, tiles_y, tiles_x), "float32", v.device)
         out_ptr = int(res.data.ptr)
     else:
-        ov = _tensors.as_view(out, "out", stream=s)
+        ov = _tensors.as_view(out, "out", stream=None if is_capturing(s) else s)
         if ov.shape != (N3, N2, tiles_y, tiles_x) or ov.dtype != "float32" or not ov.contiguous:
             raise ValueError(f"out must be a contiguous float32 array of shape {(N3, N2, tiles_y, tiles_x)}")
         res, out_ptr = out, ov.ptr

@@ -12,7 +12,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["resolve_stream", "default_stream"]
+__all__ = ["resolve_stream", "default_stream", "is_capturing"]
+
+
+def is_capturing(stream: int) -> bool:
+    """True while ``stream`` is being captured into a CUDA graph."""
+    from .driver import check, driver
+
+    status = check(driver().cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+    return int(status) != 0
 
 
 def default_stream(device: int, framework: str | None = None) -> int:

@@ -12,7 +12,6 @@ framework is reached through ``sys.modules`` only: gqadrv never imports torch or
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any
 
@@ -31,6 +30,8 @@ DTYPE_BYTES = {
 }
 
 _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 2, 3, 13
+_SMV = None  # cuda.core.utils.StridedMemoryView, imported on first use
+_DT_NAMES: dict = {}
 _DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 13: "CUDA managed", 14: "oneAPI"}
 
 
@@ -48,17 +49,17 @@ def _dtype_name(dt: Any) -> str:
     return s.strip("')\" ")
 
 
-@dataclasses.dataclass(frozen=True)
 class TensorView:
-    obj: Any
-    name: str
-    ptr: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]  # elements
-    dtype: str
-    itemsize: int
-    device: int
-    framework: str
+    """What gqadrv needs to know about a device tensor (pointer, shape, element strides, dtype)."""
+
+    __slots__ = ("obj", "name", "ptr", "shape", "strides", "dtype", "itemsize", "device", "framework")
+
+    def __init__(self, obj, name, ptr, shape, strides, dtype, itemsize, device, framework):
+        self.obj, self.name, self.ptr, self.shape, self.strides = obj, name, ptr, shape, strides
+        self.dtype, self.itemsize, self.device, self.framework = dtype, itemsize, device, framework
+
+    def __repr__(self) -> str:
+        return f"TensorView({self.name}: {self.dtype}{list(self.shape)} @0x{self.ptr:x} cuda:{self.device})"
 
     @property
     def ndim(self) -> int:
@@ -122,16 +123,20 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
     if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
         where = _DEVICE_NAMES.get(dev_type, f"DLPack device type {dev_type}")
         raise ValueError(f"{name} must be a CUDA array; got a {where} array ({_describe(obj)}): move it to the GPU first")
-    from cuda.core.utils import StridedMemoryView
-
+    global _SMV
+    if _SMV is None:
+        from cuda.core.utils import StridedMemoryView as _SMV
     stream_ptr = -1 if stream is None else (1 if stream == 0 else int(stream))
     try:
-        v = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
+        v = _SMV.from_dlpack(obj, stream_ptr=stream_ptr)
     except BufferError as exc:
         raise ValueError(f"{name} cannot be exported through DLPack: {exc}") from exc
-    shape = tuple(int(d) for d in v.shape)
+    shape = tuple(v.shape)
     try:
-        dt = _dtype_name(v.dtype)
+        npdt = v.dtype
+        dt = _DT_NAMES.get(npdt)
+        if dt is None:
+            dt = _DT_NAMES.setdefault(npdt, _dtype_name(npdt))
     except TypeError:
         dt = None  # fp8 & co.: not parsed by the DLPack consumer
     if dtype is not None:
@@ -151,8 +156,8 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
             acc *= d
         strides = tuple(reversed(strides))
     else:
-        strides = tuple(int(s) for s in v.strides)
-    return TensorView(obj, name, int(v.ptr), shape, strides, dt, itemsize, int(dev_id), framework_of(obj))
+        strides = tuple(v.strides)
+    return TensorView(obj, name, v.ptr, shape, strides, dt, itemsize, dev_id, framework_of(obj))
 
 
 def _np_dtype(dtype: str):

@@ -75,13 +75,13 @@ GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
   *reinterpret_cast<U32x4*>(dst) = p;
 }
 
-// Merge the W warp states in `area`, then either store the normalised output (one split) or this
-// split's partial and take part in the last-CTA merge. Must be called by all threads of the CTA
-// after a __syncthreads() that follows every warp's store_state().
-template <int DT, int D, int ROWS, int W>
+// Merge the W softmax states in `area` (W = states, e.g. one per warp), then either store the
+// normalised output (one split) or this split's partial and take part in the last-CTA merge. Must
+// be called by all NTHREADS threads of the CTA after a __syncthreads() that follows every
+// store_state(). NTHREADS defaults to one warp per state.
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32>
 GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
   using MA = MergeArea<D, ROWS, W>;
-  constexpr int NTHREADS = W * 32;
   constexpr int D8 = D / 8;
   const int tid = threadIdx.x;
   const int group = a.group;
@@ -129,14 +129,12 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   if (S == 1) return;
 
   // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
+  // The CTA barrier orders every thread's partial stores before thread 0's release (the acq_rel
+  // ticket); the last CTA's acquire (same atomic) plus the barrier below order its L2-only loads.
   __syncthreads();
-  if (tid == 0) {
-    fence_acq_rel_gpu();
-    *s_ticket = atomic_add_acq_rel_gpu(a.counters + sc.bh, 1u);
-  }
+  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + sc.bh, 1u);
   __syncthreads();
   if (*s_ticket != (u32)(S - 1)) return;
-  fence_acq_rel_gpu();
 
   float* sm_m = reinterpret_cast<float*>(area);
   float* sm_l = sm_m + S * group;
@@ -169,8 +167,11 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
       const float w = sm_w[s * group + row];
       if (w == 0.f) continue;
       const float* src = po + ((long long)s * group + row) * D + d0;
+      float v[8];
+      ld_cg_f32x4(src, v[0], v[1], v[2], v[3]);
+      ld_cg_f32x4(src + 4, v[4], v[5], v[6], v[7]);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * ld_cg_f32(src + i);
+      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
     }
     store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, sm_inv[row]);
   }

@@ -132,11 +132,14 @@ GQADRV_DEVICE void st_global_v4(void* p, U32x4 v) {
                : "memory");
 }
 
-// L2-only load (bypasses L1): used for data another CTA wrote during this launch.
+// L2-only loads (bypass L1): used for data another CTA wrote during this launch.
 GQADRV_DEVICE float ld_cg_f32(const float* p) {
   float v;
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
+}
+GQADRV_DEVICE void ld_cg_f32x4(const float* p, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"(p));
 }
 
 // 16-byte asynchronous global->shared copy (sm_80+). src_bytes = 0 zero-fills the destination
@@ -194,14 +197,23 @@ GQADRV_DEVICE void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, in
       "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
       : "memory");
 }
+// Prefetch a 4-D tile into L2 (no shared memory, no barrier): fire and forget.
+GQADRV_DEVICE void tma_prefetch_l2_4d(const TmaDesc* desc, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(desc),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+// 4-D tiled TMA load without an L2 cache hint.
+GQADRV_DEVICE void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
+      "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
 GQADRV_DEVICE u64 l2_policy_evict_first() {
   u64 p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-GQADRV_DEVICE u64 l2_policy_evict_normal() {
-  u64 p;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
 // Programmatic dependent launch: wait for the preceding grid's memory, let the next grid start.
@@ -225,4 +237,3 @@ GQADRV_DEVICE u32 atomic_add_acq_rel_gpu(u32* p, u32 v) {
 GQADRV_DEVICE void store_relaxed_gpu(u32* p, u32 v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-GQADRV_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }

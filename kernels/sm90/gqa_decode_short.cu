@@ -3,8 +3,10 @@
 //
 // CTA work   one (batch b, KV head kvh); grid B*Hkv, num_splits is always 1.
 // Warps      GQA_WARPS warps; warp w owns tokens [w*TOK, (w+1)*TOK) of the request and loads its
-//            K and V rows straight from global memory into registers as 16-byte vectors (rows at
-//            or beyond the clamped length are never read, they read as zero). One WarpDecoder step.
+//            K and V rows straight from global memory into registers as 16-byte vectors. Rows are
+//            bounded by the capacity C (known on the host), not by the device length, so the Q, K,
+//            V and length loads are all in flight at once; rows >= len are masked (scores -inf,
+//            V rows zeroed in registers), rows >= C read as zero. One WarpDecoder step.
 // Smem map   the per-warp states (MergeArea: W x ROWS x {m,l} and W x ROWS x (D+1) fp32), merged
 //            by all threads into the fp16/bf16 output.
 // Barriers   one __syncthreads between store_state and the merge; no mbarriers.
@@ -29,12 +31,12 @@ extern "C" __global__ void __launch_bounds__(W * 32) gqa_decode_short(const GqaA
   dec.load_q(g < args.group ? qb + g * D : nullptr,
              (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
   const int tok0 = warp * TOK;
-  if (tok0 < sc.len) {
+  if (tok0 < args.capacity) {
     const long long plane = (long long)args.capacity * D;
     const long long kbase = (((long long)sc.b * 2) * args.hkv + sc.kvh) * plane;
     const long long vbase = (((long long)sc.b * 2 + 1) * args.hkv + sc.kvh) * plane;
     GlobalChunks src{args.kv + kbase + (long long)tok0 * D, args.kv + vbase + (long long)tok0 * D, D,
-                     sc.len - tok0};
+                     args.capacity - tok0};
     dec.step(src, tok0, sc.len, args.scale_log2);
   }
   pdl_launch_dependents();

@@ -15,8 +15,12 @@
 //            parity = (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by the same
 //            lane 0 after __syncwarp + fence.proxy.async (its readers are its own warp).
 //            __syncthreads before the warp-state merge; split ticket: see gqa_cta.cuh.
-// PDL        barrier init and descriptor prefetch run before griddepcontrol.wait; dependents are
-//            released once all loads of this CTA are issued.
+// L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
+//            prefetches into L2 the first STAGES sub-tiles it would own if len == C (GQA_PREFETCH);
+//            L2 is the coherence point, so this is safe even if the previous kernel writes KV.
+//            GQA_L2_EVICT_FIRST=1 tags the ring loads evict-first (streaming), 0 loads them plainly.
+// PDL        barrier init, descriptor and L2 prefetches run before griddepcontrol.wait; dependents
+//            are released once all loads of this CTA are issued.
 #include "../common/gqa_config.cuh"
 #include "../common/gqa_cta.cuh"
 
@@ -25,6 +29,12 @@ constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_
               STAGES = GQA_STAGES;
 constexpr int NB = D / 64;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+#ifndef GQA_PREFETCH
+#define GQA_PREFETCH 1
+#endif
+#ifndef GQA_L2_EVICT_FIRST
+#define GQA_L2_EVICT_FIRST 0
+#endif
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(W * 32, 1)
@@ -40,6 +50,24 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(&full_bar[warp][s]), 1);
     fence_mbarrier_init();
     if (warp == 0) tma_prefetch_desc(&kv_map);
+#if GQA_PREFETCH
+    {  // L2 prefetch of this warp's first sub-tiles under the guess len == C
+      const int split = blockIdx.x % args.num_splits, bh = blockIdx.x / args.num_splits;
+      const int b = bh / args.hkv, kvh = bh - b * args.hkv;
+      const int nsub = (args.capacity + TOK - 1) / TOK;
+      const int beg = (int)(((long long)nsub * split) / args.num_splits);
+      const int end = (int)(((long long)nsub * (split + 1)) / args.num_splits);
+      for (int i = 0; i < STAGES; ++i) {
+        const int sub = beg + warp + i * W;
+        if (sub >= end) break;
+#pragma unroll
+        for (int box = 0; box < NB; ++box) {
+          tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh, 2 * b);
+          tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh, 2 * b + 1);
+        }
+      }
+    }
+#endif
   }
   __syncwarp();
   pdl_wait();
@@ -49,7 +77,9 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
   const int plane_k = 2 * sc.b, plane_v = 2 * sc.b + 1;
+#if GQA_L2_EVICT_FIRST
   const u64 policy = l2_policy_evict_first();
+#endif
 
   auto issue = [&](int i) {
     const u32 slot = smem_u32(ring + (size_t)(i % STAGES) * SLOT_BYTES);
@@ -58,9 +88,14 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     mbar_arrive_expect_tx(bar, SLOT_BYTES);
 #pragma unroll
     for (int box = 0; box < NB; ++box) {
+#if GQA_L2_EVICT_FIRST
       tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_k, policy);
       tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh,
                   plane_v, policy);
+#else
+      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_k);
+      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_v);
+#endif
     }
   };
   if (lane == 0) {

@@ -84,8 +84,10 @@ def test_tma_ring_reduce_in_a_cuda_python_graph():
     stream = check(drv.cuStreamCreate(1), "cuStreamCreate")
     cp.cuda.Device().synchronize()
     check(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin")
-    tma_ring_reduce(x, out=out, stream=int(stream))
-    graph = check(drv.cuStreamEndCapture(stream), "end")
+    try:
+        tma_ring_reduce(x, out=out, stream=int(stream))
+    finally:
+        graph = check(drv.cuStreamEndCapture(stream), "end")
     gexec = check(drv.cuGraphInstantiate(graph, 0), "instantiate")
     for k in range(3):
         h2 = _host(h.shape, "bfloat16", 10 + k)
