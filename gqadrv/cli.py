@@ -69,6 +69,11 @@ def cmd_info(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    import os
+
+    # On a machine with a driver, NVRTC may take a module from the driver's JIT cache and skip
+    # ptxas, which leaves no resource report: bypass that cache for this process.
+    os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
     from .gqa import routes
     from .runtime.compiler import compile_module, normalize_arch
     from .runtime.proof import PROOF_SOURCE

@@ -1,6 +1,12 @@
 """Shared test setup: the `gpu` marker skips cleanly (with the reason) on machines without a GPU."""
 
+import os
+
 import pytest
+
+# The driver's JIT cache (~/.nv/ComputeCache) lets NVRTC skip ptxas for a module it compiled before
+# on a machine with a driver, and then the ptxas resource report is empty. Tests read that report.
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
 
 def pytest_configure(config):

@@ -139,7 +139,8 @@ def test_every_variant_fits_shared_memory(arch):
 
 def test_split_heuristic():
     v = routes.select_variant((9, 0), 32768, 128, "float16", 4)
-    assert routes.default_splits(v, 1, 8, 32768, 132, 1) == 17      # batch 1 fills 132 SMs
+    assert routes.default_splits(v, 1, 8, 32768, 132, 1) == 16      # batch 1 fills 132 SMs in one wave
+    assert routes.default_splits(v, 1, 8, 32768, 132, 3) == 49      # three CTAs per SM
     assert routes.default_splits(v, 64, 8, 4096, 132, 1) == 1        # large batch: no split
     assert routes.default_splits(v, 1, 8, 65, 132, 1) == 1           # one sub-tile round: nothing to split
     short = routes.select_variant((9, 0), 64, 128, "float16", 4)

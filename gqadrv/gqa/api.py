@@ -79,7 +79,7 @@ def _load(variant: _routes.Variant, device: int) -> _Loaded:
         return hit
 
 
-_ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST")
+_ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST", "GQADRV_TRACE")
 _route_cache: dict = {}
 
 
@@ -284,8 +284,7 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
     fw = _tensors.framework_of(q)
     dev_hint = _device_hint(q)
     s = resolve_stream(stream, dev_hint, fw)
-    # DLPack stream handshake, except while capturing (then inputs must already be ordered)
-    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=None if is_capturing(s) else s)
+    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=_dlpack_stream(fw, dev_hint, s))
     variant, loaded = _route(problem, backend)
     info = _drv.device_info(problem.device)
     splits = _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity,
@@ -306,6 +305,29 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
         return out
     with _on_stream(s, problem.device):
         return _tensors.export_like(out_arr, q)
+
+
+def _dlpack_stream(framework: str, device: int, s: int) -> int | None:
+    """The stream to hand to producers' __dlpack__ so inputs are ordered before the launch on ``s``.
+
+    CuPy arrays are ordered by CuPy's current stream: when that is ``s`` nothing is needed, else one
+    event wait orders all inputs at once (instead of one handshake per tensor). Other producers get
+    ``s`` (the DLPack protocol). During graph capture no handshake is made: inputs must already be
+    ordered on the capturing stream."""
+    if is_capturing(s):
+        return None
+    if framework == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(device):
+            cur = cupy.cuda.get_current_stream()
+            if int(cur.ptr) != s:
+                ev = cupy.cuda.Event(block=False, disable_timing=True)
+                ev.record(cur)
+                drv = _drv.driver()
+                _drv.check(drv.cuStreamWaitEvent(s, int(ev.ptr), 0), "cuStreamWaitEvent")
+        return None
+    return s
 
 
 def _device_hint(obj: Any) -> int:

@@ -109,9 +109,12 @@ _TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1), "GQA_L2_EVICT_FIRST": (
 
 
 def switches_for(family: str) -> tuple[tuple[str, int], ...]:
-    if family != "tma":
-        return ()
-    return tuple((macro, int(os.environ.get(env, default))) for macro, (env, default) in _TMA_SWITCHES.items())
+    sw = []
+    if family == "tma":
+        sw = [(macro, int(os.environ.get(env, default))) for macro, (env, default) in _TMA_SWITCHES.items()]
+    if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
+        sw.append(("GQA_TRACE", 1))
+    return tuple(sw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +130,7 @@ class Variant:
     def name(self) -> str:
         t = self.tiling
         extra = "".join(f"_{m.lower().replace('gqa_', '')}{v}" for m, v in self.switches
-                        if v != _TMA_SWITCHES.get(m, ("", v))[1])
+                        if v != _TMA_SWITCHES.get(m, ("", 0))[1])
         return f"{self.family.name}_{self.dtype}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}{extra}"
 
     @property
@@ -234,5 +237,4 @@ def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
     if bh >= slots:
         return 1
     rounds = -(-capacity // variant.tiling.tokens_per_round)
-    want = -(-slots // bh)
-    return max(1, min(want, rounds, MAX_SPLITS))
+    return max(1, min(slots // bh, rounds, MAX_SPLITS))  # one wave: never more CTAs than slots

@@ -28,3 +28,24 @@
 #ifndef GQA_MAX_SPLITS
 #define GQA_MAX_SPLITS 64
 #endif
+
+// GQA_TRACE=1 (development only): thread 0 of every CTA writes %globaltimer stamps into
+// ((u64*)args.status)[blockIdx.x * 16 + i] at the marks below; the host passes a trace buffer of
+// grid * 16 u64 in place of the status pointer (tools/trace_decode.py).
+#ifndef GQA_TRACE
+#define GQA_TRACE 0
+#endif
+#if GQA_TRACE
+#define GQA_MARK(args, i)                                                                        \
+  do {                                                                                           \
+    if (threadIdx.x == 0) {                                                                      \
+      unsigned long long t_;                                                                     \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                     \
+      reinterpret_cast<unsigned long long*>((args).status)[blockIdx.x * 16 + (i)] = t_;          \
+    }                                                                                            \
+  } while (0)
+#else
+#define GQA_MARK(args, i) \
+  do {                    \
+  } while (0)
+#endif

@@ -26,12 +26,24 @@ struct GqaArgs {
 };
 
 // Work of one CTA: which request, KV head and split, and which sub-tiles of TOK tokens it owns.
+//
+// Split boundaries: with nsub_cap = ceil(C/TOK) and nsub_len = ceil(len/TOK), a request whose
+// length is at least 3/4 of the capacity uses the capacity-based boundaries
+// [nsub_cap*s/S, nsub_cap*(s+1)/S) clipped to nsub_len, otherwise length-based boundaries
+// [nsub_len*s/S, nsub_len*(s+1)/S). The first rule lets a kernel start loading before it has read
+// the length (capacity_split below is then exact); the second keeps short requests balanced.
 struct CtaSchedule {
   int b, kvh, bh, split;
   int len;            // clamped to [0, capacity]
   int sub_begin;      // first sub-tile of this split
   int sub_end;        // one past the last
 };
+
+GQADRV_DEVICE void capacity_split(const GqaArgs& a, int tok_per_sub, int split, int& beg, int& end) {
+  const int nsub = (a.capacity + tok_per_sub - 1) / tok_per_sub;
+  beg = (int)(((long long)nsub * split) / a.num_splits);
+  end = (int)(((long long)nsub * (split + 1)) / a.num_splits);
+}
 
 GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
   CtaSchedule s;
@@ -41,11 +53,19 @@ GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
   s.kvh = s.bh - s.b * a.hkv;
   const int raw = a.lengths[s.b];
   s.len = raw < 0 ? 0 : (raw > a.capacity ? a.capacity : raw);
+#if !GQA_TRACE
   if (a.status != nullptr && s.kvh == 0 && s.split == 0 && threadIdx.x == 0)
     a.status[s.b] = raw <= 0 ? 1u : (raw > a.capacity ? 2u : 0u);
+#endif
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
-  s.sub_begin = (int)(((long long)nsub * s.split) / a.num_splits);
-  s.sub_end = (int)(((long long)nsub * (s.split + 1)) / a.num_splits);
+  if (4LL * s.len >= 3LL * a.capacity) {
+    capacity_split(a, tok_per_sub, s.split, s.sub_begin, s.sub_end);
+    if (s.sub_end > nsub) s.sub_end = nsub;
+    if (s.sub_begin > s.sub_end) s.sub_begin = s.sub_end;
+  } else {
+    s.sub_begin = (int)(((long long)nsub * s.split) / a.num_splits);
+    s.sub_end = (int)(((long long)nsub * (s.split + 1)) / a.num_splits);
+  }
   return s;
 }
 
@@ -117,7 +137,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
         a.ws_ml[2 * slot] = M;
         a.ws_ml[2 * slot + 1] = den;
       }
-      if (M != neg_inf()) {
+      {  // written even for an empty split (zeros), so the merge never reads unwritten memory
         float* dst = a.ws_o + slot * D + d0;
         *reinterpret_cast<U32x4*>(dst) = U32x4{__float_as_uint(acc[0]), __float_as_uint(acc[1]),
                                                __float_as_uint(acc[2]), __float_as_uint(acc[3])};
@@ -126,6 +146,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
       }
     }
   }
+  GQA_MARK(a, 6);
   if (S == 1) return;
 
   // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
@@ -134,6 +155,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   __syncthreads();
   if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + sc.bh, 1u);
   __syncthreads();
+  GQA_MARK(a, 7);
   if (*s_ticket != (u32)(S - 1)) return;
 
   float* sm_m = reinterpret_cast<float*>(area);
@@ -146,6 +168,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
     sm_l[i] = ld_cg_f32(ml + 2 * i + 1);
   }
   __syncthreads();
+  GQA_MARK(a, 9);
   if (tid < group) {
     float M = neg_inf();
     for (int s = 0; s < S; ++s) M = fmaxf(M, sm_m[s * group + tid]);
@@ -160,20 +183,31 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   }
   __syncthreads();
   const float* po = a.ws_o + (long long)sc.bh * S * group * D;
+  constexpr int BATCH = 4;  // splits whose partials are in flight together (independent L2 loads)
   for (int it = tid; it < items; it += NTHREADS) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < S; ++s) {
-      const float w = sm_w[s * group + row];
-      if (w == 0.f) continue;
-      const float* src = po + ((long long)s * group + row) * D + d0;
-      float v[8];
-      ld_cg_f32x4(src, v[0], v[1], v[2], v[3]);
-      ld_cg_f32x4(src + 4, v[4], v[5], v[6], v[7]);
+    for (int s0 = 0; s0 < S; s0 += BATCH) {
+      float v[BATCH][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
+      for (int j = 0; j < BATCH; ++j) {
+        if (s0 + j < S) {
+          const float* src = po + ((long long)(s0 + j) * group + row) * D + d0;
+          ld_cg_f32x4(src, v[j][0], v[j][1], v[j][2], v[j][3]);
+          ld_cg_f32x4(src + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        if (s0 + j < S) {
+          const float w = sm_w[(s0 + j) * group + row];  // 0 for empty splits (their partials are 0)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += w * v[j][i];
+        }
+      }
     }
     store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, sm_inv[row]);
   }
   if (tid == 0) store_relaxed_gpu(a.counters + sc.bh, 0u);
+  GQA_MARK(a, 8);
 }

@@ -101,21 +101,27 @@ struct WarpDecoder {
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
     const int t = lane & 3, g = lane >> 2;
-    // ---- S = Q K^T
-    float s[NT][4];
+    // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each)
+    float s[NT][4], s2[NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int i = 0; i < NT; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
+    }
 #pragma unroll
     for (int p = 0; p < KP; ++p) {
       U32x4 kc[NT];
 #pragma unroll
       for (int i = 0; i < NT; ++i) kc[i] = src.k(8 * i + g, k_chunk(p, t));
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
-        mma_qk(s[i], 2 * p + 1, kc[i].z, kc[i].w);
-      }
+      for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mma_qk(s2[i], 2 * p + 1, kc[i].z, kc[i].w);
     }
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[i][c] += s2[i][c];
     // ---- online softmax (log2 domain)
     const bool partial = tok0 + TOK > len;  // warp-uniform
     float mx_lo = neg_inf(), mx_hi = neg_inf();

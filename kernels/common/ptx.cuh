@@ -89,12 +89,13 @@ GQADRV_DEVICE u32 prmt(u32 a, u32 b, u32 sel) {
 GQADRV_DEVICE u32 pack_lo(u32 a, u32 b) { return prmt(a, b, 0x5410u); }
 GQADRV_DEVICE u32 pack_hi(u32 a, u32 b) { return prmt(a, b, 0x7632u); }
 
-// D += A(16x16, row) * B(16x8, col), fp32 accumulate. DT 0 = fp16, 1 = bf16.
+// D += A(16x16, row) * B(16x8, col), fp32 accumulate. DT 0 = fp16, 1 = bf16. Not volatile: a pure
+// register computation, so the compiler may interleave independent accumulator chains.
 template <int DT>
 GQADRV_DEVICE void mma_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
 template <>
 GQADRV_DEVICE void mma_16816<0>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -102,7 +103,7 @@ GQADRV_DEVICE void mma_16816<0>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u
 }
 template <>
 GQADRV_DEVICE void mma_16816<1>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -28,8 +28,11 @@ extern "C" __global__ void __launch_bounds__(W * 32)
   __shared__ u32 s_ticket;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  GQA_MARK(args, 0);
   pdl_wait();
+  GQA_MARK(args, 1);
   const CtaSchedule sc = make_schedule(args, TOK);
+  GQA_MARK(args, 2);
   const int first = sc.sub_begin + warp;
   const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
@@ -78,9 +81,11 @@ extern "C" __global__ void __launch_bounds__(W * 32)
   }
   cp_async_wait<0>();
   dec.finish();
+  GQA_MARK(args, 4);
   __syncthreads();
   using MA = MergeArea<D, ROWS, W>;
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), args.group);
   __syncthreads();
+  GQA_MARK(args, 5);
   cta_epilogue<DT, D, ROWS, W>(args, sc, smem, &s_ticket);
 }

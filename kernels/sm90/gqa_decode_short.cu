@@ -21,8 +21,11 @@ extern "C" __global__ void __launch_bounds__(W * 32) gqa_decode_short(const GqaA
   extern __shared__ __align__(16) u8 smem[];
   __shared__ u32 s_ticket;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  GQA_MARK(args, 0);
   pdl_wait();
+  GQA_MARK(args, 1);
   const CtaSchedule sc = make_schedule(args, TOK);
+  GQA_MARK(args, 2);
 
   WarpDecoder<DT, D, ROWS, TOK> dec;
   dec.init(lane);
@@ -41,8 +44,10 @@ extern "C" __global__ void __launch_bounds__(W * 32) gqa_decode_short(const GqaA
   }
   pdl_launch_dependents();
   dec.finish();
+  GQA_MARK(args, 4);
   using MA = MergeArea<D, ROWS, W>;
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), args.group);
   __syncthreads();
+  GQA_MARK(args, 5);
   cta_epilogue<DT, D, ROWS, W>(args, sc, smem, &s_ticket);
 }

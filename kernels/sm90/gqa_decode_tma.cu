@@ -70,37 +70,61 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 #endif
   }
   __syncwarp();
+  GQA_MARK(args, 0);
   pdl_wait();
+  GQA_MARK(args, 1);
 
-  const CtaSchedule sc = make_schedule(args, TOK);
-  const int first = sc.sub_begin + warp;
-  const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
+  // ---- speculative ring fill: the sub-tiles this warp owns under the capacity-based split
+  // (exact whenever len >= 3C/4, see make_schedule), issued before the length is known.
+  const int split0 = blockIdx.x % args.num_splits, bh0 = blockIdx.x / args.num_splits;
+  const int b0 = bh0 / args.hkv, kvh0 = bh0 - b0 * args.hkv;
+  int cap_beg, cap_end;
+  capacity_split(args, TOK, split0, cap_beg, cap_end);
+  const int first_c = cap_beg + warp;
+  const int count_c = first_c < cap_end ? (cap_end - first_c + W - 1) / W : 0;
+  const int spec = count_c < STAGES ? count_c : STAGES;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
-  const int plane_k = 2 * sc.b, plane_v = 2 * sc.b + 1;
 #if GQA_L2_EVICT_FIRST
   const u64 policy = l2_policy_evict_first();
 #endif
-
-  auto issue = [&](int i) {
-    const u32 slot = smem_u32(ring + (size_t)(i % STAGES) * SLOT_BYTES);
-    const u32 bar = smem_u32(&full_bar[warp][i % STAGES]);
-    const int tok0 = (first + i * W) * TOK;
+  auto issue = [&](int slot_idx, int sub) {  // lane 0 only
+    const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
+    const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
+    const int tok0 = sub * TOK;
     mbar_arrive_expect_tx(bar, SLOT_BYTES);
 #pragma unroll
     for (int box = 0; box < NB; ++box) {
 #if GQA_L2_EVICT_FIRST
-      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_k, policy);
-      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh,
-                  plane_v, policy);
+      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0, policy);
+      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0 + 1,
+                  policy);
 #else
-      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_k);
-      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, sc.kvh, plane_v);
+      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0);
+      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0 + 1);
 #endif
     }
   };
-  if (lane == 0) {
-    const int pre = count < STAGES ? count : STAGES;
-    for (int i = 0; i < pre; ++i) issue(i);
+  if (lane == 0)
+    for (int i = 0; i < spec; ++i) issue(i, first_c + i * W);
+
+  const CtaSchedule sc = make_schedule(args, TOK);
+  GQA_MARK(args, 2);
+  const int first = sc.sub_begin + warp;
+  const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
+  // Keep the speculative loads when this warp's first sub-tile matches (then every kept load is
+  // the right one: same first, same stride). Otherwise wait them out and refill: the slots they
+  // used are one phase ahead.
+  const bool keep = spec > 0 && first == first_c;
+  int shifted = 0;  // slots [0, shifted) carry one extra completed phase
+  if (!keep) {
+    for (int i = 0; i < spec; ++i) mbar_wait(smem_u32(&full_bar[warp][i]), 0u);
+    shifted = spec;
+    __syncwarp();
+    if (lane == 0) {
+      fence_proxy_async_smem();
+      const int pre = count < STAGES ? count : STAGES;
+      for (int i = 0; i < pre; ++i) issue(i, first + i * W);
+    }
   }
 
   WarpDecoder<DT, D, ROWS, TOK> dec;
@@ -114,19 +138,26 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
-    mbar_wait(smem_u32(&full_bar[warp][i % STAGES]), (u32)((i / STAGES) & 1));
-    SwizzledSmemChunks<D, TOK> src{ring + (size_t)(i % STAGES) * SLOT_BYTES};
+    const int slot = i % STAGES;
+    mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)(((i / STAGES) + (slot < shifted ? 1 : 0)) & 1));
+    if (i == 0) GQA_MARK(args, 3);
+    SwizzledSmemChunks<D, TOK> src{ring + (size_t)slot * SLOT_BYTES};
     dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
     __syncwarp();
     if (lane == 0 && i + STAGES < count) {
       fence_proxy_async_smem();
-      issue(i + STAGES);
+      issue(slot, first + (i + STAGES) * W);
     }
   }
+  // Kept speculative loads beyond the real sub-tile count: let them land before smem is reused.
+  if (keep)
+    for (int i = count; i < spec; ++i) mbar_wait(smem_u32(&full_bar[warp][i]), 0u);
   dec.finish();
+  GQA_MARK(args, 4);
   __syncthreads();  // every warp has drained its ring: the bytes become the merge area
   using MA = MergeArea<D, ROWS, W>;
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), args.group);
   __syncthreads();
+  GQA_MARK(args, 5);
   cta_epilogue<DT, D, ROWS, W>(args, sc, smem, &s_ticket);
 }
