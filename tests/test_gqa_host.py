@@ -104,6 +104,8 @@ def test_q_scale_accepts_numpy_scalars():
     ((9, 0), 64, None, "short"), ((9, 0), 65, None, "tma"), ((9, 0), 1, None, "short"),
     ((9, 0), 4096, "portable", "portable"), ((8, 0), 4096, None, "portable"), ((8, 9), 65, None, "portable"),
     ((12, 0), 100, None, "portable"), ((8, 6), 10, None, "short"),
+    ((10, 0), 64, None, "tc_short"), ((10, 0), 65, None, "tc_long"), ((11, 0), 4096, None, "tc_long"),
+    ((11, 0), 4096, "portable", "portable"), ((10, 3), 4096, None, "portable"),
 ])
 def test_routing(cc, cap, backend, family):
     assert routes.select_variant(cc, cap, 128, "float16", 4, backend).family.name == family
@@ -114,6 +116,8 @@ def test_routing_errors(monkeypatch):
         routes.select_variant((7, 5), 100, 128, "float16", 4)
     with pytest.raises(RuntimeError, match="backend 'hopper' needs compute capability 9.0"):
         routes.select_variant((8, 0), 100, 128, "float16", 4, "hopper")
+    with pytest.raises(RuntimeError, match="backend 'tcgen05' needs compute capability 10.0 or 11.0"):
+        routes.select_variant((9, 0), 100, 128, "float16", 4, "tcgen05")
     with pytest.raises(ValueError, match="backend must be one of"):
         routes.select_variant((9, 0), 100, 128, "float16", 4, "cuda")
     monkeypatch.setenv("GQADRV_BACKEND", "portable")
@@ -143,6 +147,8 @@ def test_split_heuristic():
     assert routes.default_splits(v, 1, 8, 32768, 132, 3) == 49      # three CTAs per SM
     assert routes.default_splits(v, 64, 8, 4096, 132, 1) == 1        # large batch: no split
     assert routes.default_splits(v, 1, 8, 65, 132, 1) == 1           # one sub-tile round: nothing to split
+    assert routes.default_splits(v, 4, 8, 256, 132, 1) == 1          # two rounds: splitting costs more
+    assert routes.default_splits(v, 1, 8, 1024, 132, 1) == 4         # >= two rounds per split
     short = routes.select_variant((9, 0), 64, 128, "float16", 4)
     assert routes.default_splits(short, 1, 8, 64, 132, 1) == 1
     grid, block, smem = routes.launch_geometry(v, 3, 8, 5)
@@ -156,7 +162,8 @@ def test_kernel_argument_block_layout():
     text = open(__import__("gqadrv.runtime.compiler", fromlist=["x"]).kernels_root() / "common" / "gqa_cta.cuh").read()
     body = text[text.index("struct GqaArgs {"):text.index("};", text.index("struct GqaArgs {"))]
     fields = [ln.split("//")[0].strip() for ln in body.splitlines()[1:] if ln.split("//")[0].strip()]
-    assert sum(f.count("*") for f in fields) == 8 and fields[8].startswith("float") and len(fields) == 13
+    assert sum(f.count("*") for f in fields) == 8 and fields[8].startswith("float") and len(fields) == 14
+    assert all(f.startswith("int ") for f in fields[9:])
 
 
 # ----------------------------------------------------------------------------- oracle

@@ -5,7 +5,7 @@ back-to-back launches), and prints stamp statistics relative to the first CTA's 
     python tools/trace_decode.py "1,1024,[1024]" "1,4096,[3968]" --splits 8
 Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub-tile in smem (TMA),
 4 warp 0 done, 5 warp states merged in smem, 6 epilogue stores issued, 7 ticket drawn, 9 split
-merge weights ready, 8 split merge done (last CTA only)."""
+merge computed, 8 counter reset (last CTA only)."""
 
 import argparse
 import os
@@ -17,7 +17,7 @@ os.environ["GQADRV_TRACE"] = "1"
 import numpy as np  # noqa: E402
 
 NAMES = {0: "prologue", 1: "pdl_wait", 2: "len", 3: "first_tile", 4: "warp0_done", 5: "cta_merge",
-         6: "stores", 7: "ticket", 9: "merge_w", 8: "merge_done"}
+         6: "stores", 7: "ticket", 9: "merged", 8: "done"}
 
 
 def run(text, splits, flush, cp):

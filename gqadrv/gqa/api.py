@@ -182,12 +182,21 @@ _retired: list[_Workspace] = []
 
 
 # ----------------------------------------------------------------------------- argument packing
+def _flags(problem) -> int:
+    """L2 evict-first for KV footprints above half the L2 (GQADRV_L2_EVICT_FIRST=0/1 overrides)."""
+    env = os.environ.get("GQADRV_L2_EVICT_FIRST")
+    if env is not None:
+        return _routes.GQA_FLAG_L2_EVICT_FIRST if env == "1" else 0
+    kv_bytes = problem.kv.nbytes
+    return _routes.GQA_FLAG_L2_EVICT_FIRST if kv_bytes * 2 > _drv.device_info(problem.device).l2_bytes else 0
+
+
 def _args_tuple(problem, out_ptr, ws: _Workspace | None, status_ptr: int, splits: int) -> tuple:
     scale_log2 = problem.q_scale / math.sqrt(problem.head_dim) / _LN2
     return (
         problem.q.ptr, problem.kv.ptr, out_ptr, problem.lengths.ptr,
         ws.ws_o if ws else 0, ws.ws_ml if ws else 0, ws.counters if ws else 0, status_ptr,
-        scale_log2, problem.num_kv_heads, problem.group, problem.capacity, splits,
+        scale_log2, problem.num_kv_heads, problem.group, problem.capacity, splits, _flags(problem),
     )
 
 
@@ -322,12 +331,16 @@ def _dlpack_stream(framework: str, device: int, s: int) -> int | None:
         with cupy.cuda.Device(device):
             cur = cupy.cuda.get_current_stream()
             if int(cur.ptr) != s:
-                ev = cupy.cuda.Event(block=False, disable_timing=True)
-                ev.record(cur)
-                drv = _drv.driver()
-                _drv.check(drv.cuStreamWaitEvent(s, int(ev.ptr), 0), "cuStreamWaitEvent")
+                ev = _order_events.get((device, s))
+                if ev is None:
+                    ev = _order_events[(device, s)] = cupy.cuda.Event(block=False, disable_timing=True)
+                ev.record(cur)  # re-recording is fine: a wait captures the event's state when issued
+                _drv.check(_drv.driver().cuStreamWaitEvent(s, int(ev.ptr), 0), "cuStreamWaitEvent")
         return None
     return s
+
+
+_order_events: dict = {}
 
 
 def _device_hint(obj: Any) -> int:

@@ -14,6 +14,7 @@ import functools
 import os
 
 from ..runtime.module import TMAP, Signature, Struct
+from . import tcgen05_family as _tc
 from .contract import MAX_GROUP, MAX_SPLITS, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = [
@@ -32,8 +33,9 @@ __all__ = [
 ]
 
 # Kernel argument block shared by every GQA kernel (kernels/common/gqa_cta.cuh: struct GqaArgs):
-# 8 pointers, float scale_log2, int hkv, group, capacity, num_splits, 4 bytes of tail padding.
-GQA_ARGS = Struct("<8Qf4i4x")
+# 8 pointers, float scale_log2, int hkv, group, capacity, num_splits, flags.
+GQA_ARGS = Struct("<8Qf5i")
+GQA_FLAG_L2_EVICT_FIRST = 1
 SIG_TMA = Signature(("kv_map", TMAP), ("args", GQA_ARGS))
 SIG_PLAIN = Signature(("args", GQA_ARGS))
 
@@ -43,7 +45,6 @@ SHORT_CAPACITY_MAX = 64
 ARCH_SMEM_OPTIN = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448, "sm_110a": 232448}
 PORTABLE_SMEM_LIMIT = 101376
 _DT_CODE = {"float16": 0, "bfloat16": 1}
-_SPLIT_SCRATCH = (3 * MAX_SPLITS * MAX_GROUP + MAX_GROUP) * 4  # gqa_cta.cuh split-merge scratch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,11 @@ FAMILIES: dict[str, Family] = {
                   ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True, "H200 (sm_90)"),
     "portable": Family("portable", "sm80/gqa_decode_cpasync.cu", "gqa_decode_cpasync",
                        ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, True, True, "H200 (sm_90)"),
+    # tcgen05 + TMEM kernels for B200 / Thor: compile-verified only (no such GPU here)
+    "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"],
+                       ("sm_100a", "sm_110a"), SIG_PLAIN, False, False, False, "compile-only"),
+    "tc_long": Family("tc_long", _tc.TC_SOURCE["tc_long"], _tc.TC_ENTRY["tc_long"],
+                      ("sm_100a", "sm_110a"), SIG_TMA, True, True, True, "compile-only"),
 }
 
 
@@ -96,6 +102,9 @@ _TILINGS = {
 
 
 def tiling_for(family: str, head_dim: int) -> Tiling:
+    if family.startswith("tc_"):
+        threads, tok, stages = _tc.TC_TILINGS[(family, head_dim)]
+        return Tiling(threads // 32, tok, stages)
     env = os.environ.get("GQADRV_TILING")
     if env and family != "short":
         w, t, s = (int(x) for x in env.split(","))
@@ -105,7 +114,7 @@ def tiling_for(family: str, head_dim: int) -> Tiling:
 
 # Compile-time switches of the TMA family (kernels/sm90/gqa_decode_tma.cu); the environment
 # variables exist for tuning runs only.
-_TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1), "GQA_L2_EVICT_FIRST": ("GQADRV_L2_EVICT_FIRST", 0)}
+_TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1)}
 
 
 def switches_for(family: str) -> tuple[tuple[str, int], ...]:
@@ -136,6 +145,10 @@ class Variant:
     @property
     def defines(self) -> dict:
         t = self.tiling
+        if self.family.name.startswith("tc_"):
+            d = _tc.tc_defines(self.family.name, _DT_CODE[self.dtype], self.head_dim, self.rows, t.tok, t.stages)
+            d.update(self.switches)
+            return d
         d = {"GQA_DT": _DT_CODE[self.dtype], "GQA_D": self.head_dim, "GQA_ROWS": self.rows,
              "GQA_WARPS": t.warps, "GQA_TOK": t.tok, "GQA_STAGES": t.stages}
         d.update(self.switches)
@@ -148,8 +161,10 @@ class Variant:
     @property
     def dynamic_smem(self) -> int:
         t, D = self.tiling, self.head_dim
+        if self.family.name.startswith("tc_"):
+            return _tc.tc_dynamic_smem(self.family.name, D, self.rows, t.tok, t.stages)
         merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + 1)) * 4
-        need = max(merge, _SPLIT_SCRATCH if self.family.splittable else 0)
+        need = merge
         if self.family.ring:
             need = max(need, t.warps * t.stages * 2 * D * t.tok * 2)
         return (need + 1023) // 1024 * 1024
@@ -164,7 +179,8 @@ def rows_for_group(group: int) -> int:
 
 
 def backend_for_cc(cc: tuple[int, int]) -> str:
-    """'hopper' for sm_90, 'portable' for sm_80 .. sm_8x, sm_12x and other newer GPUs."""
+    """'hopper' for sm_90, 'tcgen05' for sm_100 (B200) and sm_110 (Thor), 'portable' for sm_8x,
+    sm_12x and other GPUs of compute capability 8.0 or newer."""
     if cc[0] < 8:
         raise RuntimeError(
             f"gqadrv needs compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell); "
@@ -172,6 +188,8 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
         )
     if cc == (9, 0):
         return "hopper"
+    if cc in ((10, 0), (11, 0)):
+        return "tcgen05"
     return "portable"
 
 
@@ -180,8 +198,8 @@ def _backend_override(backend: str | None) -> str | None:
     if b is None:
         return None
     b = b.strip().lower()
-    if b not in ("auto", "hopper", "portable"):
-        raise ValueError(f"backend must be one of 'auto', 'hopper', 'portable', got {backend!r}")
+    if b not in ("auto", "hopper", "tcgen05", "portable"):
+        raise ValueError(f"backend must be one of 'auto', 'hopper', 'tcgen05', 'portable', got {backend!r}")
     return None if b == "auto" else b
 
 
@@ -196,11 +214,15 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
         raise ValueError(f"group size {group} is not supported; supported: 1..{MAX_GROUP}")
     native = backend_for_cc(cc)
     forced = _backend_override(backend)
-    if forced == "hopper" and native != "hopper":
-        raise RuntimeError(f"backend 'hopper' needs compute capability 9.0, this GPU has {cc[0]}.{cc[1]}")
+    if forced in ("hopper", "tcgen05") and native != forced:
+        need = "9.0" if forced == "hopper" else "10.0 or 11.0"
+        raise RuntimeError(f"backend {forced!r} needs compute capability {need}, this GPU has {cc[0]}.{cc[1]}")
     chosen = forced or native
     rows = rows_for_group(group)
-    if capacity <= SHORT_CAPACITY_MAX:
+    short = capacity <= SHORT_CAPACITY_MAX
+    if chosen == "tcgen05":
+        fam = FAMILIES["tc_short" if short else "tc_long"]
+    elif short:
         fam = FAMILIES["short"]
     else:
         fam = FAMILIES["tma"] if chosen == "hopper" else FAMILIES["portable"]
@@ -237,4 +259,6 @@ def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
     if bh >= slots:
         return 1
     rounds = -(-capacity // variant.tiling.tokens_per_round)
-    return max(1, min(slots // bh, rounds, MAX_SPLITS))  # one wave: never more CTAs than slots
+    # one wave (never more CTAs than slots), and at least two rounds of sub-tiles per split: the
+    # ticket + merge of a split costs about as much as streaming one round
+    return max(1, min(slots // bh, rounds // 2, MAX_SPLITS))

@@ -23,7 +23,11 @@ struct GqaArgs {
   int group;
   int capacity;
   int num_splits;
+  int flags;           // GQA_FLAG_* bits
 };
+// Streaming hint: load KV with an L2 evict-first policy (the host sets it when the KV footprint is
+// large compared with the L2, so the stream does not evict what other kernels keep there).
+#define GQA_FLAG_L2_EVICT_FIRST 1
 
 // Work of one CTA: which request, KV head and split, and which sub-tiles of TOK tokens it owns.
 //
@@ -34,6 +38,7 @@ struct GqaArgs {
 // the length (capacity_split below is then exact); the second keeps short requests balanced.
 struct CtaSchedule {
   int b, kvh, bh, split;
+  int raw_len;        // as stored on the device
   int len;            // clamped to [0, capacity]
   int sub_begin;      // first sub-tile of this split
   int sub_end;        // one past the last
@@ -52,11 +57,8 @@ GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
   s.b = s.bh / a.hkv;
   s.kvh = s.bh - s.b * a.hkv;
   const int raw = a.lengths[s.b];
+  s.raw_len = raw;
   s.len = raw < 0 ? 0 : (raw > a.capacity ? a.capacity : raw);
-#if !GQA_TRACE
-  if (a.status != nullptr && s.kvh == 0 && s.split == 0 && threadIdx.x == 0)
-    a.status[s.b] = raw <= 0 ? 1u : (raw > a.capacity ? 2u : 0u);
-#endif
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
   if (4LL * s.len >= 3LL * a.capacity) {
     capacity_split(a, tok_per_sub, s.split, s.sub_begin, s.sub_end);
@@ -82,8 +84,6 @@ struct MergeArea {
   }
 };
 
-// Scratch of the split merge, reusing the merge area: m[S*group], l[S*group], w[S*group], inv[16].
-GQADRV_DEVICE int split_merge_scratch_bytes(int max_splits) { return (3 * max_splits * 16 + 16) * 4; }
 
 template <int DT>
 GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
@@ -108,6 +108,11 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   const int items = group * D8;
   const int S = a.num_splits;
   const long long out_row0 = (long long)sc.b * a.hkv * group + (long long)sc.kvh * group;
+#if !GQA_TRACE
+  // Status word, written here (after every input load was issued) so no store precedes the loads.
+  if (a.status != nullptr && sc.kvh == 0 && sc.split == 0 && tid == 0)
+    a.status[sc.b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
+#endif
 
   for (int it = tid; it < items; it += NTHREADS) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
@@ -158,56 +163,50 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   GQA_MARK(a, 7);
   if (*s_ticket != (u32)(S - 1)) return;
 
-  float* sm_m = reinterpret_cast<float*>(area);
-  float* sm_l = sm_m + S * group;
-  float* sm_w = sm_l + S * group;
-  float* sm_inv = sm_w + S * group;
+  // Last CTA: one thread per (row, 8 dims) merges all S partials with an online rescale, loading
+  // {m, l} and the 8 partial values of BATCH splits at a time (independent L2 loads in flight).
   const float* ml = a.ws_ml + (long long)sc.bh * S * group * 2;
-  for (int i = tid; i < S * group; i += NTHREADS) {
-    sm_m[i] = ld_cg_f32(ml + 2 * i);
-    sm_l[i] = ld_cg_f32(ml + 2 * i + 1);
-  }
-  __syncthreads();
-  GQA_MARK(a, 9);
-  if (tid < group) {
-    float M = neg_inf();
-    for (int s = 0; s < S; ++s) M = fmaxf(M, sm_m[s * group + tid]);
-    float den = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float ms = sm_m[s * group + tid];
-      const float w = (ms == neg_inf()) ? 0.f : fast_exp2(ms - M);
-      sm_w[s * group + tid] = w;
-      den += w * sm_l[s * group + tid];
-    }
-    sm_inv[tid] = den > 0.f ? 1.f / den : 0.f;
-  }
-  __syncthreads();
   const float* po = a.ws_o + (long long)sc.bh * S * group * D;
-  constexpr int BATCH = 4;  // splits whose partials are in flight together (independent L2 loads)
+  constexpr int BATCH = 8;
   for (int it = tid; it < items; it += NTHREADS) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
+    float M = neg_inf(), den = 0.f;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int s0 = 0; s0 < S; s0 += BATCH) {
-      float v[BATCH][8];
+      float v[BATCH][8], ms[BATCH], ls[BATCH];
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
         if (s0 + j < S) {
-          const float* src = po + ((long long)(s0 + j) * group + row) * D + d0;
-          ld_cg_f32x4(src, v[j][0], v[j][1], v[j][2], v[j][3]);
-          ld_cg_f32x4(src + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
+          const long long slot = (long long)(s0 + j) * group + row;
+          ms[j] = ld_cg_f32(ml + 2 * slot);
+          ls[j] = ld_cg_f32(ml + 2 * slot + 1);
+          ld_cg_f32x4(po + slot * D + d0, v[j][0], v[j][1], v[j][2], v[j][3]);
+          ld_cg_f32x4(po + slot * D + d0 + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
         }
       }
+      float bm = M;
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j)
+        if (s0 + j < S) bm = fmaxf(bm, ms[j]);
+      if (bm == neg_inf()) continue;  // every split so far is empty
+      const float r = fast_exp2(M - bm);  // 0 when M == -inf
+      den *= r;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] *= r;
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
-        if (s0 + j < S) {
-          const float w = sm_w[(s0 + j) * group + row];  // 0 for empty splits (their partials are 0)
+        if (s0 + j < S && ms[j] != neg_inf()) {
+          const float w = fast_exp2(ms[j] - bm);
+          den += w * ls[j];
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[i] += w * v[j][i];
         }
       }
+      M = bm;
     }
-    store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, sm_inv[row]);
+    store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, den > 0.f ? 1.f / den : 0.f);
   }
+  GQA_MARK(a, 9);
   if (tid == 0) store_relaxed_gpu(a.counters + sc.bh, 0u);
   GQA_MARK(a, 8);
 }

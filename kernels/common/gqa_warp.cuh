@@ -101,7 +101,9 @@ struct WarpDecoder {
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
     const int t = lane & 3, g = lane >> 2;
-    // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each)
+    // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each),
+    // except for D = 256, where the second set of accumulators would spill.
+    constexpr bool SPLIT_QK = D != 256;
     float s[NT][4], s2[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -116,12 +118,14 @@ struct WarpDecoder {
 #pragma unroll
       for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
 #pragma unroll
-      for (int i = 0; i < NT; ++i) mma_qk(s2[i], 2 * p + 1, kc[i].z, kc[i].w);
+      for (int i = 0; i < NT; ++i) mma_qk(SPLIT_QK ? s2[i] : s[i], 2 * p + 1, kc[i].z, kc[i].w);
     }
+    if constexpr (SPLIT_QK) {
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
+      for (int i = 0; i < NT; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) s[i][c] += s2[i][c];
+        for (int c = 0; c < 4; ++c) s[i][c] += s2[i][c];
+    }
     // ---- online softmax (log2 domain)
     const bool partial = tok0 + TOK > len;  // warp-uniform
     float mx_lo = neg_inf(), mx_hi = neg_inf();

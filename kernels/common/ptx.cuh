@@ -212,6 +212,11 @@ GQADRV_DEVICE void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, in
       "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+GQADRV_DEVICE u64 l2_policy_evict_normal() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
 GQADRV_DEVICE u64 l2_policy_evict_first() {
   u64 p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));

@@ -61,7 +61,8 @@
 // Macros     GQA_DT, GQA_D, GQA_ROWS (merge-area rows), GQA_WARPS (= 6), GQA_TOK (= 128),
 //            GQA_STAGES (>= 2 ring slots of one K or V sub-tile), GQA_PREFETCH (default 1: L2
 //            prefetch of the first sub-tiles before griddepcontrol.wait), GQA_TC_SMEM (optional:
-//            the host's byte count, checked against SMEM_BYTES at compile time).
+//            the host's byte count, checked against SMEM_BYTES at compile time), GQA_TRACE
+//            (gqa_config.cuh timing marks 0, 1, 2, 4, 5).
 #include "../common/gqa_config.cuh"
 #include "../common/gqa_cta.cuh"
 #include "../common/tcgen05.cuh"
@@ -158,8 +159,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
   tc_fence_after_thread_sync();
   const u32 tmem = s_tmem;
 
+  GQA_MARK(args, 0);
   pdl_wait();
+  GQA_MARK(args, 1);
   const CtaSchedule sc = make_schedule(args, TOK);
+  GQA_MARK(args, 2);
   const int count = sc.sub_end - sc.sub_begin;  // sub-tiles of this split, >= 0
   pdl_launch_dependents();
 
@@ -243,7 +247,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     __syncwarp();
   }
 
+  GQA_MARK(args, 4);
   __syncthreads();  // merge state written, every TMEM read done (fenced before this barrier)
+  GQA_MARK(args, 5);
   if (warp == WARP_MMA) {
     tc_fence_after_thread_sync();
     tmem_dealloc(tmem, tc::TMEM_COLS);  // the allocating warp, on every path

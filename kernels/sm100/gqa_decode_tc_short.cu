@@ -34,7 +34,8 @@
 //            One __syncthreads per tile publishes the loaded operands (after fence.proxy.async).
 //            len <= 0: no tile, no MMA, no wait; zeros are written; warp 4 still deallocates.
 // Macros     GQA_DT, GQA_D, GQA_ROWS, GQA_WARPS (= 5), GQA_TOK (= 128), GQA_STAGES (unused, 1),
-//            GQA_TC_SMEM (optional host byte count, checked against SMEM_BYTES at compile time).
+//            GQA_TC_SMEM (optional host byte count, checked against SMEM_BYTES at compile time),
+//            GQA_TRACE (gqa_config.cuh timing marks 0, 1, 2, 4, 5).
 #include "../common/gqa_config.cuh"
 #include "../common/gqa_cta.cuh"
 #include "../common/tcgen05.cuh"
@@ -97,8 +98,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gqa_decode_tc_short(const
   tc_fence_after_thread_sync();
   const u32 tmem = s_tmem;
 
+  GQA_MARK(args, 0);
   pdl_wait();
+  GQA_MARK(args, 1);
   const CtaSchedule sc = make_schedule(args, TOK);
+  GQA_MARK(args, 2);
   const int count = sc.sub_end - sc.sub_begin;  // 0 (len <= 0) or 1 for C <= 128
   const long long plane = (long long)args.capacity * D;
   const u16* kg = args.kv + (((long long)sc.b * 2) * args.hkv + sc.kvh) * plane;
@@ -164,7 +168,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gqa_decode_tc_short(const
     sm.finish(tmem, count > 0, smem_u32(&pv_done), (u32)((count - 1) & 1), red_l, MA::ml(smem, 0),
               MA::os(smem, 0), args.group);
 
+  GQA_MARK(args, 4);
   __syncthreads();  // merge state written, every TMEM read done (fenced before this barrier)
+  GQA_MARK(args, 5);
   if (warp == WARP_MMA) {
     tc_fence_after_thread_sync();
     tmem_dealloc(tmem, tc::TMEM_COLS);  // the allocating warp, on every path

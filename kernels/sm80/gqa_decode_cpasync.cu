@@ -22,7 +22,15 @@ constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
 constexpr int CHUNKS_PER_PLANE = TOK * NB * 8;  // 16-byte chunks of K (or V) in one sub-tile
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(W * 32)
+// Register budget: min-blocks 1 lets ptxas use up to 255 registers; for D = 256 ptxas (NVRTC 13.0)
+// allocates better without that hint (checked by `python -m gqadrv compile` / the CI static checks).
+#if GQA_D == 256
+#define GQA_PORTABLE_BOUNDS __launch_bounds__(W * 32)
+#else
+#define GQA_PORTABLE_BOUNDS __launch_bounds__(W * 32, 1)
+#endif
+
+extern "C" __global__ void GQA_PORTABLE_BOUNDS
     gqa_decode_cpasync(const GqaArgs args) {
   extern __shared__ __align__(1024) u8 smem[];
   __shared__ u32 s_ticket;
@@ -64,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(W * 32)
   dec.init(lane);
   {
     const int g = lane >> 2;
-    const u16* qb = args.q + ((long long)sc.b * args.hkv + sc.kvh) * args.group * D;
+    const u16* qb = args.q + ((long long)((int)(blockIdx.x / args.num_splits) / args.hkv) * args.hkv + ((int)(blockIdx.x / args.num_splits) % args.hkv)) * args.group * D;
     dec.load_q(g < args.group ? qb + g * D : nullptr,
                (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
   }

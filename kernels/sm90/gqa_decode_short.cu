@@ -17,22 +17,24 @@ namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
 }
 
-extern "C" __global__ void __launch_bounds__(W * 32) gqa_decode_short(const GqaArgs args) {
+extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const GqaArgs args) {
   extern __shared__ __align__(16) u8 smem[];
   __shared__ u32 s_ticket;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   GQA_MARK(args, 0);
   pdl_wait();
   GQA_MARK(args, 1);
+  WarpDecoder<DT, D, ROWS, TOK> dec;  // Q first: its load does not wait for the length
+  dec.init(lane);
+  {
+    const int g = lane >> 2;
+    const u16* qb = args.q + ((long long)((int)blockIdx.x / args.hkv) * args.hkv + ((int)blockIdx.x % args.hkv)) * args.group * D;
+    dec.load_q(g < args.group ? qb + g * D : nullptr,
+               (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
+  }
   const CtaSchedule sc = make_schedule(args, TOK);
   GQA_MARK(args, 2);
 
-  WarpDecoder<DT, D, ROWS, TOK> dec;
-  dec.init(lane);
-  const int g = lane >> 2;
-  const u16* qb = args.q + ((long long)sc.b * args.hkv + sc.kvh) * args.group * D;
-  dec.load_q(g < args.group ? qb + g * D : nullptr,
-             (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
   const int tok0 = warp * TOK;
   if (tok0 < args.capacity) {
     const long long plane = (long long)args.capacity * D;

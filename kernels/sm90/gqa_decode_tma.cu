@@ -18,7 +18,8 @@
 // L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
 //            prefetches into L2 the first STAGES sub-tiles it would own if len == C (GQA_PREFETCH);
 //            L2 is the coherence point, so this is safe even if the previous kernel writes KV.
-//            GQA_L2_EVICT_FIRST=1 tags the ring loads evict-first (streaming), 0 loads them plainly.
+//            Ring loads carry an L2 evict-first policy when args.flags has GQA_FLAG_L2_EVICT_FIRST
+//            (large KV footprints), evict-normal otherwise.
 // PDL        barrier init, descriptor and L2 prefetches run before griddepcontrol.wait; dependents
 //            are released once all loads of this CTA are issued.
 #include "../common/gqa_config.cuh"
@@ -31,9 +32,6 @@ constexpr int NB = D / 64;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
 #ifndef GQA_PREFETCH
 #define GQA_PREFETCH 1
-#endif
-#ifndef GQA_L2_EVICT_FIRST
-#define GQA_L2_EVICT_FIRST 0
 #endif
 }  // namespace
 
@@ -84,9 +82,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   const int count_c = first_c < cap_end ? (cap_end - first_c + W - 1) / W : 0;
   const int spec = count_c < STAGES ? count_c : STAGES;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
-#if GQA_L2_EVICT_FIRST
-  const u64 policy = l2_policy_evict_first();
-#endif
+  const u64 policy = (args.flags & GQA_FLAG_L2_EVICT_FIRST) ? l2_policy_evict_first() : l2_policy_evict_normal();
   auto issue = [&](int slot_idx, int sub) {  // lane 0 only
     const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
     const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
@@ -94,18 +90,21 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     mbar_arrive_expect_tx(bar, SLOT_BYTES);
 #pragma unroll
     for (int box = 0; box < NB; ++box) {
-#if GQA_L2_EVICT_FIRST
       tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0, policy);
       tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0 + 1,
                   policy);
-#else
-      tma_load_4d(slot + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0);
-      tma_load_4d(slot + SLOT_BYTES / 2 + box * TOK * 128, &kv_map, bar, 64 * box, tok0, kvh0, 2 * b0 + 1);
-#endif
     }
   };
   if (lane == 0)
     for (int i = 0; i < spec; ++i) issue(i, first_c + i * W);
+  WarpDecoder<DT, D, ROWS, TOK> dec;  // Q first: its load does not wait for the length
+  dec.init(lane);
+  {
+    const int g = lane >> 2;
+    const u16* qb = args.q + ((long long)b0 * args.hkv + kvh0) * args.group * D;
+    dec.load_q(g < args.group ? qb + g * D : nullptr,
+               (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
+  }
 
   const CtaSchedule sc = make_schedule(args, TOK);
   GQA_MARK(args, 2);
@@ -127,14 +126,6 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
 
-  WarpDecoder<DT, D, ROWS, TOK> dec;
-  dec.init(lane);
-  {
-    const int g = lane >> 2;
-    const u16* qb = args.q + ((long long)sc.b * args.hkv + sc.kvh) * args.group * D;
-    dec.load_q(g < args.group ? qb + g * D : nullptr,
-               (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
-  }
   pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {

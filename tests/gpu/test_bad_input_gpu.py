@@ -175,6 +175,7 @@ def _cases():
         ("stream negative", lambda: call_decode(stream=-4), ValueError, "stream handle must be >= 0"),
         ("stream bool", lambda: call_decode(stream=True), TypeError, "not a bool"),
         ("backend unknown", lambda: call_decode(backend="cuda"), ValueError, "backend must be one of"),
+        ("backend tcgen05 on this GPU", lambda: call_decode(backend="tcgen05"), RuntimeError, "needs compute capability 10.0 or 11.0"),
         ("num_splits 0", lambda: call_prepare(0), ValueError, "num_splits must be None or an int in"),
         ("num_splits 65", lambda: call_prepare(65), ValueError, "num_splits"),
         ("num_splits -1", lambda: call_prepare(-1), ValueError, "num_splits"),
@@ -187,7 +188,7 @@ def _cases():
         ("prepare missing key", _prep_missing, KeyError, "missing"),
         ("prepare unknown key", lambda: call_prepare(scale=2.0), ValueError, "unknown inputs keys"),
         ("prepare not a dict", prepare_not_a_dict, TypeError, "inputs must be a dict"),
-        ("prepare without O", prepare_missing_out, ValueError, "O (the output tensor) is required"),
+        ("prepare without O", prepare_missing_out, ValueError, r"O \(the output tensor\) is required"),
         ("prepare both forms", prepare_both_forms, ValueError, "not both"),
         ("prepare lens int64", lambda: call_prepare(sequence_lengths=cp.zeros(B, cp.int64)), TypeError, "int32"),
         ("launch bad stream", prepared_bad_stream, TypeError, "stream must be"),
@@ -226,7 +227,7 @@ def test_suite_is_large_enough():
     assert len({c[0] for c in _case_table()}) == len(_case_table())
 
 
-@pytest.mark.parametrize("idx", range(66))
+@pytest.mark.parametrize("idx", range(67))
 def test_bad_input_raises_before_any_launch(idx, launches, report):
     table = _case_table()
     if idx >= len(table):
