@@ -311,13 +311,18 @@ def main(args) -> int:
             import flashinfer  # noqa: F401
         except Exception as exc:  # noqa: BLE001
             _log(f"[bench] FlashInfer not available: {type(exc).__name__}: {str(exc)[:120]}")
+    peer_rows = set()
     if args.only:
         shapes = [parse_shape(s) for s in args.only]
+        peer_rows = {sh.label for sh in shapes}
     else:
         shapes = [parse_shape(s) for s in SEED_SHAPES + LARGE_SHAPES]
-        if not args.no_geometry:
+        peer_rows = {sh.label for sh in shapes}
+        if not args.no_geometry:  # gqadrv only: each would make FlashInfer JIT-compile another module
             shapes += [parse_shape(s) for s in GEOMETRY_SHAPES]
-        shapes += [parse_shape(s) for s in (args.shapes or [])]
+        extra = [parse_shape(s) for s in (args.shapes or [])]
+        peer_rows |= {sh.label for sh in extra}
+        shapes += extra
     splits_list = [None] + ([int(x) for x in args.sweep_splits.split(",")] if args.sweep_splits else [])
     info = device_info(0)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": info.name, "cc": info.arch, "sms": info.sm_count,
@@ -336,7 +341,7 @@ def main(args) -> int:
         q, kv, lens = _make_inputs(shape, 1234 + i)
         res: dict = {}
         _gqadrv_runs(shape, q, kv, lens, timer, splits_list, args.backend, res)
-        if not args.no_peers:
+        if not args.no_peers and shape.label in peer_rows:
             _peers(shape, q, kv, lens, timer, res)
         row = {"shape": shape.label, "batch": shape.batch, "capacity": shape.capacity, "lengths": shape.lengths,
                "hq": shape.hq, "hkv": shape.hkv, "d": shape.d, "dtype": shape.dtype, "kv_bytes": shape.kv_bytes(),
@@ -350,10 +355,11 @@ def main(args) -> int:
         cp.get_default_memory_pool().free_all_blocks()
         if "torch" in sys.modules:
             sys.modules["torch"].cuda.empty_cache()
+        if args.json:  # after every row, so an interrupted run keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
     print(format_table(meta, rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
         _log(f"[bench] wrote {args.json}")
     return 0
 
