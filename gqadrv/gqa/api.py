@@ -79,7 +79,8 @@ def _load(variant: _routes.Variant, device: int) -> _Loaded:
         return hit
 
 
-_ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST", "GQADRV_TRACE")
+_ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
+             "GQADRV_TRACE")
 _route_cache: dict = {}
 
 

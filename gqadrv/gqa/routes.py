@@ -105,8 +105,14 @@ def tiling_for(family: str, head_dim: int) -> Tiling:
     if family.startswith("tc_"):
         threads, tok, stages = _tc.TC_TILINGS[(family, head_dim)]
         return Tiling(threads // 32, tok, stages)
+    if family == "short":
+        env = os.environ.get("GQADRV_SHORT_TILING")  # "warps,tok" (tuning only); warps*tok >= 64
+        if env:
+            w, t = (int(x) for x in env.split(","))
+            return Tiling(w, t, 1)
+        return _TILINGS[(family, head_dim)]
     env = os.environ.get("GQADRV_TILING")
-    if env and family != "short":
+    if env:
         w, t, s = (int(x) for x in env.split(","))
         return Tiling(w, t, s)
     return _TILINGS[(family, head_dim)]
