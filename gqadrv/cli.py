@@ -62,7 +62,8 @@ def cmd_info(args) -> int:
         except RuntimeError as exc:
             print(f"                 unsupported: {exc}")
             continue
-        fams = [f.name for f in routes.FAMILIES.values() if (backend == "hopper" or f.name != "tma")]
+        fams = {"hopper": ["short", "tma", "portable"], "tcgen05": ["tc_short", "tc_long", "short", "portable"],
+                "portable": ["short", "portable"]}[backend]
         print(f"                 target {arch}, backend {backend!r}; GQA kernel families: {', '.join(fams)}; "
               f"runtime proof kernel: {'yes' if d.cc[0] >= 9 else 'no (needs sm_90+)'}")
     return 0
