@@ -82,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=15, help="replays / cold samples per measurement")
     p.add_argument("--sweep-splits", default=None, help="comma list: also time gqadrv with these num_splits")
     p.add_argument("--backend", default=None, help="gqadrv backend: auto, hopper, portable")
+    p.add_argument("--portable", action="store_true", help="also time the portable (sm_80) route on every shape")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--ceiling-gib", type=float, default=8.0, help="buffer size of the streaming-read ceiling")
 
@@ -341,6 +342,10 @@ def main(args) -> int:
         q, kv, lens = _make_inputs(shape, 1234 + i)
         res: dict = {}
         _gqadrv_runs(shape, q, kv, lens, timer, splits_list, args.backend, res)
+        if args.portable:
+            port: dict = {}
+            _gqadrv_runs(shape, q, kv, lens, timer, [None], "portable", port)
+            res["gqadrv_portable"] = port["gqadrv"]
         if not args.no_peers and shape.label in peer_rows:
             _peers(shape, q, kv, lens, timer, res)
         row = {"shape": shape.label, "batch": shape.batch, "capacity": shape.capacity, "lengths": shape.lengths,
@@ -391,6 +396,13 @@ def format_table(meta: dict, rows: list) -> str:
         out.append(f"| {r['shape']} | {g['hot_us']:.2f} | {g['cold_us']:.2f} | {tbps:.2f} | {100 * tbps / ceil:.1f} | "
                    f"{cell('flashinfer')} | {cell('flashinfer_tc')} | {cell('torch_sdpa')} | {bc} | {xh} | {xc} | "
                    f"{g['route']} / {g['num_splits']} |")
+        pt = res.get("gqadrv_portable", {})
+        if "hot_us" in pt:
+            ptb = r["kv_bytes"] / (pt["hot_us"] * 1e-6) / 1e12
+            xh_p = f"{best_hot / pt['hot_us']:.2f}" if best_hot else "-"
+            xc_p = f"{best_cold / pt['cold_us']:.2f}" if best_cold else "-"
+            out.append(f"|   portable | {pt['hot_us']:.2f} | {pt['cold_us']:.2f} | {ptb:.2f} | {100 * ptb / ceil:.1f} | | | | | "
+                       f"{xh_p} | {xc_p} | {pt['route']} / {pt['num_splits']} |")
         for k, v in res.items():
             if k.startswith("gqadrv_s") and "hot_us" in v:
                 out.append(f"|   {k} | {v['hot_us']:.2f} | {v['cold_us']:.2f} | {r['kv_bytes'] / (v['hot_us'] * 1e-6) / 1e12:.2f} | | | | | | | | {v['num_splits']} |")

@@ -89,6 +89,11 @@ def _require_contiguous(v: TensorView) -> None:
         raise ValueError(f"{v.name} must be contiguous (row-major); got shape {_shape(v)} with strides {v.strides} (elements)")
 
 
+def _require_same_device(v: TensorView, ref: TensorView) -> None:
+    if v.device != ref.device:
+        raise ValueError(f"{v.name} is on cuda:{v.device} but {ref.name} is on cuda:{ref.device}; all tensors must share one device")
+
+
 def _require_aligned(v: TensorView, n: int = 16) -> None:
     if v.ptr % n:
         raise ValueError(f"{v.name} must start at a {n}-byte aligned address (got 0x{v.ptr:x}); pass a freshly allocated tensor, not an offset view")
@@ -126,8 +131,7 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
     if kvv.dtype != qv.dtype:
         raise TypeError(f"{nkv} must have the dtype of {nq} ({qv.dtype}), got {kvv.dtype}")
     _require_contiguous(kvv)
-    if kvv.device != qv.device:
-        raise ValueError(f"{nkv} is on cuda:{kvv.device} but {nq} is on cuda:{qv.device}; all tensors must share one device")
+    _require_same_device(kvv, qv)
     if Hq % Hkv:
         raise ValueError(f"num_q_heads ({Hq}) must be a multiple of num_kv_heads ({Hkv})")
     group = Hq // Hkv
@@ -142,8 +146,7 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
     if lv.shape != (B,):
         raise ValueError(f"{nlen} must have shape ({B},) (one length per request), got {_shape(lv)}")
     _require_contiguous(lv)
-    if lv.device != qv.device:
-        raise ValueError(f"{nlen} is on cuda:{lv.device} but {nq} is on cuda:{qv.device}; all tensors must share one device")
+    _require_same_device(lv, qv)
     _require_aligned(qv)
     _require_aligned(kvv)
     _require_aligned(lv, 4)
@@ -156,8 +159,7 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
         if ov.dtype != qv.dtype:
             raise TypeError(f"{nout} must have the dtype of {nq} ({qv.dtype}), got {ov.dtype}")
         _require_contiguous(ov)
-        if ov.device != qv.device:
-            raise ValueError(f"{nout} is on cuda:{ov.device} but {nq} is on cuda:{qv.device}; all tensors must share one device")
+        _require_same_device(ov, qv)
         _require_aligned(ov)
         if ov.framework == "jax":
             raise ValueError(f"{nout} is a JAX array, and JAX arrays are immutable: omit {nout} and use the returned array")

@@ -57,21 +57,20 @@ class Family:
     uses_tma: bool
     splittable: bool
     ring: bool                # pipelined ring in dynamic smem
-    executed_on: str          # where it has run: "H200 (sm_90)" or "compile-only"
 
 
 FAMILIES: dict[str, Family] = {
     "short": Family("short", "sm90/gqa_decode_short.cu", "gqa_decode_short",
-                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, False, "H200 (sm_90)"),
+                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, False),
     "tma": Family("tma", "sm90/gqa_decode_tma.cu", "gqa_decode_tma",
-                  ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True, "H200 (sm_90)"),
+                  ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True),
     "portable": Family("portable", "sm80/gqa_decode_cpasync.cu", "gqa_decode_cpasync",
-                       ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, True, True, "H200 (sm_90)"),
+                       ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, True, True),
     # tcgen05 + TMEM kernels for B200 / Thor: compile-verified only (no such GPU here)
     "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"],
-                       ("sm_100a", "sm_110a"), SIG_PLAIN, False, False, False, "compile-only"),
+                       ("sm_100a", "sm_110a"), SIG_PLAIN, False, False, False),
     "tc_long": Family("tc_long", _tc.TC_SOURCE["tc_long"], _tc.TC_ENTRY["tc_long"],
-                      ("sm_100a", "sm_110a"), SIG_TMA, True, True, True, "compile-only"),
+                      ("sm_100a", "sm_110a"), SIG_TMA, True, True, True),
 }
 
 
@@ -174,10 +173,6 @@ class Variant:
         if self.family.ring:
             need = max(need, t.warps * t.stages * 2 * D * t.tok * 2)
         return (need + 1023) // 1024 * 1024
-
-    @property
-    def max_capacity(self) -> int | None:
-        return self.tiling.tokens_per_round if self.family.name == "short" else None
 
 
 def rows_for_group(group: int) -> int:

@@ -119,20 +119,6 @@ GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
   return r;
 }
 
-GQADRV_DEVICE U32x4 ld_shared_v4(u32 addr) {
-  U32x4 r;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "r"(addr));
-  return r;
-}
-
-GQADRV_DEVICE void st_global_v4(void* p, U32x4 v) {
-  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
-               : "memory");
-}
-
 // L2-only loads (bypass L1): used for data another CTA wrote during this launch.
 GQADRV_DEVICE float ld_cg_f32(const float* p) {
   float v;

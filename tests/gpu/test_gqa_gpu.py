@@ -20,14 +20,13 @@ def _items():
     for c in grid():
         items.append((c.idx, "auto"))
         items.append((c.idx, "portable"))
-        if c.idx % 4 == 0:
-            for ns in SPLITS:
-                if c.capacity <= 64 and ns not in (None, 1):
-                    continue
-                items.append((c.idx, f"prepared-{ns}"))
-            items.append((c.idx, "prepared-portable-None"))
-            if c.capacity > 64:
-                items.append((c.idx, "prepared-portable-3"))
+        for ns in SPLITS:  # the whole grid through the prepared path, for every num_splits
+            if c.capacity <= 64 and ns not in (None, 1):
+                continue  # the short route cannot split (test_short_route_cannot_split)
+            items.append((c.idx, f"prepared-{ns}"))
+        items.append((c.idx, "prepared-portable-None"))
+        if c.capacity > 64:
+            items.append((c.idx, "prepared-portable-3"))
     return items
 
 
