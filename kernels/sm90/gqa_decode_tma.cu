@@ -43,26 +43,28 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  // This warp's sub-tiles under the capacity-based split (no memory reads: usable before the
+  // length is known); used by the L2 prefetch and the speculative ring fill.
+  const int split0 = blockIdx.x % args.num_splits, bh0 = blockIdx.x / args.num_splits;
+  const int b0 = bh0 / args.hkv, kvh0 = bh0 - b0 * args.hkv;
+  int cap_beg, cap_end;
+  capacity_split(args, TOK, split0, cap_beg, cap_end);
+  const int first_c = cap_beg + warp;
+  const int count_c = first_c < cap_end ? (cap_end - first_c + W - 1) / W : 0;
+  const int spec = count_c < STAGES ? count_c : STAGES;
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(&full_bar[warp][s]), 1);
     fence_mbarrier_init();
     if (warp == 0) tma_prefetch_desc(&kv_map);
 #if GQA_PREFETCH
-    {  // L2 prefetch of this warp's first sub-tiles under the guess len == C
-      const int split = blockIdx.x % args.num_splits, bh = blockIdx.x / args.num_splits;
-      const int b = bh / args.hkv, kvh = bh - b * args.hkv;
-      const int nsub = (args.capacity + TOK - 1) / TOK;
-      const int beg = (int)(((long long)nsub * split) / args.num_splits);
-      const int end = (int)(((long long)nsub * (split + 1)) / args.num_splits);
-      for (int i = 0; i < STAGES; ++i) {
-        const int sub = beg + warp + i * W;
-        if (sub >= end) break;
+    // L2 prefetch of this warp's first sub-tiles under the guess len == C
+    for (int i = 0; i < spec; ++i) {
+      const int sub = first_c + i * W;
 #pragma unroll
-        for (int box = 0; box < NB; ++box) {
-          tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh, 2 * b);
-          tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh, 2 * b + 1);
-        }
+      for (int box = 0; box < NB; ++box) {
+        tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh0, 2 * b0);
+        tma_prefetch_l2_4d(&kv_map, 64 * box, sub * TOK, kvh0, 2 * b0 + 1);
       }
     }
 #endif
@@ -72,15 +74,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   pdl_wait();
   GQA_MARK(args, 1);
 
-  // ---- speculative ring fill: the sub-tiles this warp owns under the capacity-based split
-  // (exact whenever len >= 3C/4, see make_schedule), issued before the length is known.
-  const int split0 = blockIdx.x % args.num_splits, bh0 = blockIdx.x / args.num_splits;
-  const int b0 = bh0 / args.hkv, kvh0 = bh0 - b0 * args.hkv;
-  int cap_beg, cap_end;
-  capacity_split(args, TOK, split0, cap_beg, cap_end);
-  const int first_c = cap_beg + warp;
-  const int count_c = first_c < cap_end ? (cap_end - first_c + W - 1) / W : 0;
-  const int spec = count_c < STAGES ? count_c : STAGES;
+  // ---- speculative ring fill (below): the sub-tiles this warp owns under the capacity-based
+  // split (exact whenever len >= 3C/4, see make_schedule), issued before the length is known.
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
   const u64 policy = (args.flags & GQA_FLAG_L2_EVICT_FIRST) ? l2_policy_evict_first() : l2_policy_evict_normal();
   auto issue = [&](int slot_idx, int sub) {  // lane 0 only
