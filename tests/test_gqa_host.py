@@ -148,7 +148,10 @@ def test_split_heuristic():
     assert routes.default_splits(v, 64, 8, 4096, 132, 1) == 1        # large batch: no split
     assert routes.default_splits(v, 1, 8, 65, 132, 1) == 1           # one sub-tile round: nothing to split
     assert routes.default_splits(v, 4, 8, 256, 132, 1) == 1          # two rounds: splitting costs more
-    assert routes.default_splits(v, 1, 8, 1024, 132, 1) == 4         # >= two rounds per split
+    assert routes.default_splits(v, 1, 8, 384, 132, 1) == 1          # three rounds: still unsplit
+    assert routes.default_splits(v, 1, 8, 512, 132, 1) == 4          # four rounds: one per split
+    assert routes.default_splits(v, 1, 8, 1024, 132, 1) == 8         # one round of sub-tiles per split
+    assert routes.default_splits(v, 1, 1, 32768, 132, 1) == 64       # one head: capped at MAX_SPLITS
     short = routes.select_variant((9, 0), 64, 128, "float16", 4)
     assert routes.default_splits(short, 1, 8, 64, 132, 1) == 1
     grid, block, smem = routes.launch_geometry(v, 3, 8, 5)

@@ -40,6 +40,7 @@ SIG_TMA = Signature(("kv_map", TMAP), ("args", GQA_ARGS))
 SIG_PLAIN = Signature(("args", GQA_ARGS))
 
 SHORT_CAPACITY_MAX = 64
+SPLIT_MIN_ROUNDS = 4  # see default_splits
 # Per-block shared-memory opt-in limits of the targets (bytes); the portable family must also fit
 # sm_86 / sm_89 (101376 B).
 ARCH_SMEM_OPTIN = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448, "sm_110a": 232448}
@@ -260,6 +261,10 @@ def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
     if bh >= slots:
         return 1
     rounds = -(-capacity // variant.tiling.tokens_per_round)
-    # one wave (never more CTAs than slots), and at least two rounds of sub-tiles per split: the
-    # ticket + merge of a split costs about as much as streaming one round
-    return max(1, min(slots // bh, rounds // 2, MAX_SPLITS))
+    # Below SPLIT_MIN_ROUNDS rounds of sub-tiles the ticket + merge of a split (about 2 us of latency
+    # on the H200) costs more than the rounds it takes off each CTA (B4 C256: 4.6 us unsplit, 5.1-5.3
+    # with 2 or 4 splits). Above it: one wave of CTAs, each warp owning at least one sub-tile
+    # (B1 C1024: 5.1 us with 8 splits of one round, 6.0 with 4 splits of two).
+    if rounds < SPLIT_MIN_ROUNDS:
+        return 1
+    return max(1, min(slots // bh, rounds, MAX_SPLITS))
