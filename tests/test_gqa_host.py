@@ -158,6 +158,20 @@ def test_split_heuristic():
     assert grid == (120, 1, 1) and block == (128, 1, 1) and smem == v.dynamic_smem
 
 
+def test_l2_prefetch_rule():
+    v = routes.select_variant((9, 0), 4096, 128, "float16", 4)
+    pays = routes.l2_prefetch_pays
+    assert pays(v, 16, 8, 4096, 1, 132, 1)         # one wave, 32 rounds per CTA
+    assert pays(v, 1, 8, 32768, 16, 132, 1)        # one wave, 16 rounds per split
+    assert not pays(v, 1, 8, 4096, 16, 132, 1)     # 2 rounds per split
+    assert not pays(v, 4, 8, 256, 1, 132, 1)       # 2 rounds
+    assert not pays(v, 64, 8, 4096, 1, 132, 1)     # 512 CTAs: several waves
+    assert not pays(v, 256, 8, 2048, 1, 132, 1)
+    portable = routes.select_variant((9, 0), 4096, 128, "float16", 4, backend="portable")
+    assert not pays(portable, 16, 8, 4096, 1, 132, 1)  # no TMA prefetch in the cp.async kernel
+    assert routes.GQA_FLAG_L2_PREFETCH != routes.GQA_FLAG_L2_EVICT_FIRST
+
+
 def test_kernel_argument_block_layout():
     # must match struct GqaArgs in kernels/common/gqa_cta.cuh: 8 pointers, float, 4 ints, padded to 8
     assert routes.GQA_ARGS.size == 88

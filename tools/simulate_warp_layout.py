@@ -1,6 +1,8 @@
 """Numpy model of kernels/common/gqa_warp.cuh: simulates the 32 lanes' mma.sync m16n8k16 fragments
-(PTX ISA layouts) with the permuted chunk mapping, the swizzled smem addressing and the online
-softmax, and compares one warp's result with the float64 oracle. Run: python tools/simulate_warp_layout.py"""
+(PTX ISA layouts) with the permuted chunk mapping, the swizzled smem addressing (including the
+per-lane offsets kofs / vofs and ldmatrix.x4.trans of the shared-memory path) and the online
+softmax, and compares one warp's result with the float64 oracle. Run: python tools/simulate_warp_layout.py
+(tests/test_warp_layout_model.py runs it in CI)."""
 
 import numpy as np
 
@@ -28,15 +30,34 @@ def k_chunk(p, t):
     return 2 * t + (p & 1) + 8 * (p >> 1)
 
 
-def o_dim(j, n):
-    return 64 * (j >> 3) + 8 * n + (j & 7)
+def o_dim(j, n, ldsm=False):
+    return 8 * j + n if ldsm else 64 * (j >> 3) + 8 * n + (j & 7)
 
 
 def swz(rows, r, c):
     return (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)
 
 
-def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0):
+def lane_offsets(TOK):
+    """kofs[lane][p & 1], vofs[lane][q & 3] as WarpDecoder derives them from its two per-lane offsets
+    (kofs ^ ((p & 1) << 4), vofs ^ ((q & 3) << 5))."""
+    k0 = [swz(TOK, l // 4, 2 * (l % 4)) for l in range(32)]
+    v0 = [swz(TOK, (l & 7) + 8 * ((l >> 3) & 1), l >> 4) for l in range(32)]
+    kofs = [[k0[l] ^ (par << 4) for par in (0, 1)] for l in range(32)]
+    vofs = [[v0[l] ^ (w << 5) for w in range(4)] for l in range(32)]
+    return kofs, vofs
+
+
+def ldsm_x4_trans(rows):
+    """rows[lane] = 8 elements at lane's address -> regs[lane][m] = (M_m[2t][g], M_m[2t+1][g])."""
+    regs = []
+    for l in range(32):
+        g, t = l // 4, l % 4
+        regs.append([(rows[8 * mi + 2 * t][g], rows[8 * mi + 2 * t + 1][g]) for mi in range(4)])
+    return regs
+
+
+def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0, ldsm=False):
     rng = np.random.default_rng(seed)
     Q = rng.standard_normal((group, D)).astype(np.float16).astype(np.float64)
     K = rng.standard_normal((ntok, D)).astype(np.float16).astype(np.float64)
@@ -66,12 +87,16 @@ def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0)
                 slotV[off] = V[tok0 + r, 8 * c: 8 * c + 8] if tok0 + r < ntok else np.zeros(8)
         ldk = lambda r, c: slotK[swz(TOK, r, c)]
         ldv = lambda r, c: slotV[swz(TOK, r, c)]
+        kofs, vofs = lane_offsets(TOK)
+        BOX = TOK * 128
         s = np.zeros((32, NT, 4))
         for p in range(KP):
             for i in range(NT):
                 a0 = [[qlo[l, 2 * p, 0], qhi[l, 2 * p, 0], qlo[l, 2 * p, 1], qhi[l, 2 * p, 1]] for l in range(32)]
                 a1 = [[qlo[l, 2 * p + 1, 0], qhi[l, 2 * p + 1, 0], qlo[l, 2 * p + 1, 1], qhi[l, 2 * p + 1, 1]] for l in range(32)]
                 kc = [ldk(8 * i + l // 4, k_chunk(p, l % 4)) for l in range(32)]
+                if ldsm:  # the kernel's address: kofs[p & 1] + (p >> 1) * BOX + i * 1024
+                    kc = [slotK[kofs[l][p & 1] + (p >> 1) * BOX + i * 1024] for l in range(32)]
                 acc = s[:, i]
                 mma(acc, a0, [[kc[l][0:2], kc[l][2:4]] for l in range(32)])
                 mma(acc, a1, [[kc[l][4:6], kc[l][6:8]] for l in range(32)])
@@ -97,6 +122,18 @@ def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0)
         P = s.astype(np.float16).astype(np.float64)
         for ks in range(KS):
             a = [[P[l, 2 * ks, 0:2], P[l, 2 * ks, 2:4], P[l, 2 * ks + 1, 0:2], P[l, 2 * ks + 1, 2:4]] for l in range(32)]
+            if ldsm:
+                for q in range(NJ // 2):
+                    rows = [slotV[vofs[l][q & 3] + (q >> 2) * BOX + ks * 2048] for l in range(32)]
+                    regs = ldsm_x4_trans(rows)
+                    for l in range(32):  # token halves >= len zeroed (16-bit masks)
+                        tr = tok0 + 16 * ks + 2 * (l % 4)
+                        for mi, dt in ((0, 0), (1, 8), (2, 0), (3, 8)):
+                            regs[l][mi] = tuple(x if (not partial or tr + dt + e < length) else 0.0
+                                                for e, x in enumerate(regs[l][mi]))
+                    mma(o[:, 2 * q], a, [[regs[l][0], regs[l][1]] for l in range(32)])
+                    mma(o[:, 2 * q + 1], a, [[regs[l][2], regs[l][3]] for l in range(32)])
+                continue
             for box in range(NB):
                 rows = [16 * ks + 2 * (l % 4) + d for l in range(32) for d in (0, 1, 8, 9)]
                 vv = np.zeros((32, 4, 8))
@@ -120,16 +157,20 @@ def run(D=128, ROWS=16, TOK=32, group=12, length=77, ntok=96, scale=0.7, seed=0)
         for j in range(NJ):
             for h, row in ((0, g), (1, g + 8)):
                 if row < group:
-                    out[row, o_dim(j, 2 * t)] = o[l, j, 2 * h] / ltot[g, h]
-                    out[row, o_dim(j, 2 * t + 1)] = o[l, j, 2 * h + 1] / ltot[g, h]
+                    out[row, o_dim(j, 2 * t, ldsm)] = o[l, j, 2 * h] / ltot[g, h]
+                    out[row, o_dim(j, 2 * t + 1, ldsm)] = o[l, j, 2 * h + 1] / ltot[g, h]
     sc = Q @ K[:length].T * scale / np.sqrt(D)
     p = np.exp(sc - sc.max(axis=1, keepdims=True))
     ref = (p / p.sum(axis=1, keepdims=True)) @ V[:length]
     return np.max(np.abs(out - ref))
 
 
+CASES = (dict(D=128, ROWS=16, TOK=32, group=12, length=77), dict(D=64, ROWS=8, TOK=16, group=4, length=40, ntok=48),
+         dict(D=256, ROWS=8, TOK=16, group=8, length=33, ntok=48), dict(D=128, ROWS=8, TOK=32, group=1, length=96),
+         dict(D=64, ROWS=16, TOK=64, group=16, length=70, ntok=128))
+
 if __name__ == "__main__":
-    for kw in (dict(D=128, ROWS=16, TOK=32, group=12, length=77), dict(D=64, ROWS=8, TOK=16, group=4, length=40, ntok=48),
-               dict(D=256, ROWS=8, TOK=16, group=8, length=33, ntok=48), dict(D=128, ROWS=8, TOK=32, group=1, length=96)):
-        err = run(**kw)
-        print(kw, "max err", f"{err:.2e}", "OK" if err < 1e-2 else "FAIL")
+    for kw in CASES:
+        for ldsm in (False, True):
+            err = run(**kw, ldsm=ldsm)
+            print(kw, "ldmatrix V" if ldsm else "chunk V", "max err", f"{err:.2e}", "OK" if err < 1e-2 else "FAIL")

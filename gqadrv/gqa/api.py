@@ -183,27 +183,35 @@ _retired: list[_Workspace] = []
 
 
 # ----------------------------------------------------------------------------- argument packing
-def _flags(problem) -> int:
-    """L2 evict-first for KV footprints above half the L2 (GQADRV_L2_EVICT_FIRST=0/1 overrides)."""
+def _flags(problem, variant, loaded: _Loaded, splits: int) -> int:
+    """GqaArgs.flags of a launch: L2 evict-first for KV footprints above half the L2
+    (GQADRV_L2_EVICT_FIRST=0/1 overrides) and the L2 prefetch rule of routes.l2_prefetch_pays."""
+    info = _drv.device_info(problem.device)
     env = os.environ.get("GQADRV_L2_EVICT_FIRST")
     if env is not None:
-        return _routes.GQA_FLAG_L2_EVICT_FIRST if env == "1" else 0
-    kv_bytes = problem.kv.nbytes
-    return _routes.GQA_FLAG_L2_EVICT_FIRST if kv_bytes * 2 > _drv.device_info(problem.device).l2_bytes else 0
+        f = _routes.GQA_FLAG_L2_EVICT_FIRST if env == "1" else 0
+    else:
+        f = _routes.GQA_FLAG_L2_EVICT_FIRST if problem.kv.nbytes * 2 > info.l2_bytes else 0
+    if _routes.l2_prefetch_pays(variant, problem.batch, problem.num_kv_heads, problem.capacity, splits,
+                                info.sm_count, loaded.ctas_per_sm):
+        f |= _routes.GQA_FLAG_L2_PREFETCH
+    return f
 
 
-def _args_tuple(problem, out_ptr, ws: _Workspace | None, status_ptr: int, splits: int) -> tuple:
+def _args_tuple(problem, out_ptr, ws: _Workspace | None, status_ptr: int, splits: int, variant,
+                loaded: _Loaded) -> tuple:
     scale_log2 = problem.q_scale / math.sqrt(problem.head_dim) / _LN2
     return (
         problem.q.ptr, problem.kv.ptr, out_ptr, problem.lengths.ptr,
         ws.ws_o if ws else 0, ws.ws_ml if ws else 0, ws.counters if ws else 0, status_ptr,
-        scale_log2, problem.num_kv_heads, problem.group, problem.capacity, splits, _flags(problem),
+        scale_log2, problem.num_kv_heads, problem.group, problem.capacity, splits,
+        _flags(problem, variant, loaded, splits),
     )
 
 
-def _pack(variant, problem, out_ptr, ws, status_ptr, splits) -> ArgPack:
+def _pack(variant, loaded, problem, out_ptr, ws, status_ptr, splits) -> ArgPack:
     pack = ArgPack(variant.family.signature)
-    args = _args_tuple(problem, out_ptr, ws, status_ptr, splits)
+    args = _args_tuple(problem, out_ptr, ws, status_ptr, splits, variant, loaded)
     if variant.family.uses_tma:
         pack.pack(_kv_tensor_map(problem, variant), args)
     else:
@@ -249,7 +257,7 @@ _plans_lock = threading.Lock()
 
 def _launch_convenience(loaded: _Loaded, variant, problem, grid, block, smem, s, out_ptr, ws, splits) -> None:
     key = (loaded.kernel.function_int, grid, smem, s)
-    args = _args_tuple(problem, out_ptr, ws, 0, splits)
+    args = _args_tuple(problem, out_ptr, ws, 0, splits, variant, loaded)
     tmap = _kv_tensor_map(problem, variant) if variant.family.uses_tma else None
     with _plans_lock:
         plan = _plans.get(key)
@@ -462,7 +470,7 @@ def prepare_gqa_decode(inputs: dict | None = None, *, Q: Any = None, KV: Any = N
     with cupy.cuda.Device(problem.device):
         status = cupy.empty(problem.batch, dtype=cupy.uint32)
     grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
-    pack = _pack(variant, problem, problem.out.ptr, ws, int(status.data.ptr), splits)
+    pack = _pack(variant, loaded, problem, problem.out.ptr, ws, int(status.data.ptr), splits)
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
     drv = _drv.driver()
     with _drv.device_scope(problem.device):

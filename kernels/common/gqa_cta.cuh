@@ -28,6 +28,9 @@ struct GqaArgs {
 // Streaming hint: load KV with an L2 evict-first policy (the host sets it when the KV footprint is
 // large compared with the L2, so the stream does not evict what other kernels keep there).
 #define GQA_FLAG_L2_EVICT_FIRST 1
+// Prefetch the first sub-tiles into L2 before griddepcontrol.wait (TMA route; the host sets it when
+// the grid is one wave of long streams, see routes.l2_prefetch_pays).
+#define GQA_FLAG_L2_PREFETCH 2
 
 // Work of one CTA: which request, KV head and split, and which sub-tiles of TOK tokens it owns.
 //
@@ -44,10 +47,18 @@ struct CtaSchedule {
   int sub_end;        // one past the last
 };
 
+// floor(n * s / S) for 0 <= s <= S <= GQA_MAX_SPLITS without a 64-bit division (a subroutine call
+// on the critical path of the prologue): n * s / S = q * s + r * s / S with n = q * S + r, and
+// r * s < S * S fits 32 bits.
+GQADRV_DEVICE int split_point(int n, int s, int S) {
+  const int q = n / S, r = n - q * S;
+  return q * s + (r * s) / S;
+}
+
 GQADRV_DEVICE void capacity_split(const GqaArgs& a, int tok_per_sub, int split, int& beg, int& end) {
   const int nsub = (a.capacity + tok_per_sub - 1) / tok_per_sub;
-  beg = (int)(((long long)nsub * split) / a.num_splits);
-  end = (int)(((long long)nsub * (split + 1)) / a.num_splits);
+  beg = split_point(nsub, split, a.num_splits);
+  end = split_point(nsub, split + 1, a.num_splits);
 }
 
 GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
@@ -65,8 +76,8 @@ GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
     if (s.sub_end > nsub) s.sub_end = nsub;
     if (s.sub_begin > s.sub_end) s.sub_begin = s.sub_end;
   } else {
-    s.sub_begin = (int)(((long long)nsub * s.split) / a.num_splits);
-    s.sub_end = (int)(((long long)nsub * (s.split + 1)) / a.num_splits);
+    s.sub_begin = split_point(nsub, s.split, a.num_splits);
+    s.sub_end = split_point(nsub, s.split + 1, a.num_splits);
   }
   return s;
 }
@@ -84,6 +95,22 @@ struct MergeArea {
   }
 };
 
+
+// Softmax state of one (row, 8 dims) item: running max (log2 domain), denominator, 8 numerators.
+struct ItemState {
+  float m, l, v[8];
+};
+
+// Combine two states of the same item (either may be empty: m == -inf, l == 0, v == 0).
+GQADRV_DEVICE void combine_states(ItemState& a, const ItemState& b) {
+  const float mn = fmaxf(a.m, b.m);
+  if (mn == neg_inf()) return;  // both empty
+  const float wa = fast_exp2(a.m - mn), wb = fast_exp2(b.m - mn);  // 0 for an empty side
+  a.m = mn;
+  a.l = wa * a.l + wb * b.l;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a.v[i] = wa * a.v[i] + wb * b.v[i];
+}
 
 template <int DT>
 GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
@@ -163,48 +190,64 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   GQA_MARK(a, 7);
   if (*s_ticket != (u32)(S - 1)) return;
 
-  // Last CTA: one thread per (row, 8 dims) merges all S partials with an online rescale, loading
-  // {m, l} and the 8 partial values of BATCH splits at a time (independent L2 loads in flight).
+  // Last CTA: P lanes per (row, 8 dims) item (P a power of two, as many as the CTA's threads allow,
+  // at most 16 and at most S); lane j merges splits j, j + P, ... with an online rescale, loading
+  // {m, l} and the 8 partial values of BATCH of its splits at a time (independent L2 loads in
+  // flight: usually every split of the item in one round trip), then the P lane states are combined
+  // with a butterfly of shuffles and lane 0 stores.
   const float* ml = a.ws_ml + (long long)sc.bh * S * group * 2;
   const float* po = a.ws_o + (long long)sc.bh * S * group * D;
   constexpr int BATCH = 8;
-  for (int it = tid; it < items; it += NTHREADS) {
+  int P = 1;
+  while (2 * P <= 16 && 2 * P <= S && items * 2 * P <= NTHREADS) P *= 2;
+  const int per_pass = NTHREADS / P, passes = (items + per_pass - 1) / per_pass;  // CTA-uniform
+  const int lane_j = tid % P;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int it = pass * per_pass + tid / P;
     const int row = it / D8, d0 = (it - row * D8) * 8;
-    float M = neg_inf(), den = 0.f;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s0 = 0; s0 < S; s0 += BATCH) {
+    ItemState st{neg_inf(), 0.f, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
+    for (int s0 = lane_j; it < items && s0 < S; s0 += BATCH * P) {
       float v[BATCH][8], ms[BATCH], ls[BATCH];
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
-        if (s0 + j < S) {
-          const long long slot = (long long)(s0 + j) * group + row;
+        if (s0 + j * P < S) {
+          const long long slot = (long long)(s0 + j * P) * group + row;
           ms[j] = ld_cg_f32(ml + 2 * slot);
           ls[j] = ld_cg_f32(ml + 2 * slot + 1);
           ld_cg_f32x4(po + slot * D + d0, v[j][0], v[j][1], v[j][2], v[j][3]);
           ld_cg_f32x4(po + slot * D + d0 + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
         }
       }
-      float bm = M;
+      float bm = st.m;
 #pragma unroll
       for (int j = 0; j < BATCH; ++j)
-        if (s0 + j < S) bm = fmaxf(bm, ms[j]);
+        if (s0 + j * P < S) bm = fmaxf(bm, ms[j]);
       if (bm == neg_inf()) continue;  // every split so far is empty
-      const float r = fast_exp2(M - bm);  // 0 when M == -inf
-      den *= r;
+      const float r = fast_exp2(st.m - bm);  // 0 when st.m == -inf
+      st.l *= r;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] *= r;
+      for (int i = 0; i < 8; ++i) st.v[i] *= r;
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
-        if (s0 + j < S && ms[j] != neg_inf()) {
+        if (s0 + j * P < S && ms[j] != neg_inf()) {
           const float w = fast_exp2(ms[j] - bm);
-          den += w * ls[j];
+          st.l += w * ls[j];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += w * v[j][i];
+          for (int i = 0; i < 8; ++i) st.v[i] += w * v[j][i];
         }
       }
-      M = bm;
+      st.m = bm;
     }
-    store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, den > 0.f ? 1.f / den : 0.f);
+    for (int off = 1; off < P; off <<= 1) {  // butterfly inside each group of P lanes
+      ItemState o;
+      o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
+      o.l = __shfl_xor_sync(0xffffffffu, st.l, off);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.v[i] = __shfl_xor_sync(0xffffffffu, st.v[i], off);
+      combine_states(st, o);
+    }
+    if (it < items && lane_j == 0)
+      store_row8<DT>(a.out + (out_row0 + row) * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
   }
   GQA_MARK(a, 9);
   if (tid == 0) store_relaxed_gpu(a.counters + sc.bh, 0u);

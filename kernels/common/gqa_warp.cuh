@@ -8,16 +8,22 @@
 //   online softmax in the log2 domain on S's C fragments (quad shuffles only)
 //   O (ROWS x D)   += P (ROWS x TOK) . V      A = P (re-packed C fragments), B = V rows
 //
-// Data layout trick: a dot product may sum its terms in any order, so the head dimension of Q and K
-// is permuted per lane such that every lane reads whole 16-byte chunks (8 elements) of a K row, and
-// the token order inside P.V plus the output column order are chosen such that every lane reads
-// whole 16-byte chunks of V rows. No ldmatrix and no transposes are needed; the same loader works on
-// global memory (short kernel) and on 128B-swizzled shared memory written by TMA or cp.async.
-//
+// K (QK^T): a dot product may sum its terms in any order, so the head dimension of Q and K is
+// permuted per lane such that every lane reads whole 16-byte chunks (8 elements) of a K row:
 //   K/Q chunk read by lane quad t (= lane % 4) in k-step pair p:  c = 2t + (p & 1) + 8 (p >> 1)
-//     (chunks 2t and 2t+1 of a 128-byte swizzle row never share a bank group: conflict-free)
-//   V chunk read by lane group n (= lane / 4):                     c = 8 box + n
-//   O n-tile j, column n  <->  head-dim element 64 (j / 8) + 8 n + (j % 8)
+//   (chunks 2t and 2t+1 of a 128-byte swizzle row never share a bank group: conflict-free)
+// V (P.V), two sources:
+//   * shared memory (SwizzledSmemChunks: the TMA / cp.async ring, 128B-swizzled): one
+//     ldmatrix.x4.trans per (16 tokens, 16 head-dim columns) yields the B fragments of two O
+//     n-tiles; O n-tile j holds head-dim columns 8j..8j+7 (LDSM_V = true).
+//   * global memory (GlobalChunks, the short kernel): every lane reads whole 16-byte chunks of V
+//     rows and re-pairs tokens with prmt; the token order inside P.V and the output column order
+//     are permuted such that this works without a transpose (LDSM_V = false):
+//       V chunk read by lane group n (= lane / 4):                     c = 8 box + n
+//       O n-tile j, column n  <->  head-dim element 64 (j / 8) + 8 n + (j % 8)
+// Shared-memory addresses are per-lane offsets computed once (init) plus compile-time constants,
+// so the inner loop has no address arithmetic. On the shared-memory path, full sub-tiles
+// (tok0 + TOK <= len, warp-uniform) run a copy of the step without any masking.
 //
 // Softmax state (running max m and partial sum l, both per row) lives in registers; l is kept per
 // lane and reduced across the quad once at the end. Positions >= len get score -inf, and V rows
@@ -31,7 +37,7 @@ GQADRV_DEVICE u32 swizzled_chunk_offset(int rows, int r, int c) {
   return (u32)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-template <int DT, int D, int ROWS, int TOK>
+template <int DT, int D, int ROWS, int TOK, bool LDSM_V = false>
 struct WarpDecoder {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(ROWS == 8 || ROWS == 16, "rows");
@@ -42,7 +48,12 @@ struct WarpDecoder {
   static constexpr int KS = TOK / 16; // P.V k-steps per sub-tile
   static constexpr int NB = D / 64;   // 128-byte boxes per row
   static constexpr bool R16 = ROWS == 16;
-  static constexpr int OC = R16 ? 4 : 2;  // accumulator floats kept per n-tile
+  // Accumulator floats kept per n-tile. With 8 rows the C rows 8..15 only ever accumulate zeros (A
+  // rows 8..15 are zero), but keeping them saves re-zeroing two registers per MMA; only D = 256
+  // cannot afford the extra registers.
+  static constexpr int OC = (R16 || D <= 128) ? 4 : 2;
+  static constexpr int BOX_BYTES = TOK * 128;
+  static constexpr int KV_BYTES = D * TOK * 2;  // K part of a shared-memory slot (V follows)
 
   u32 q_lo[2 * KP][2];               // A regs 0/2 (row g)
   u32 q_hi[R16 ? 2 * KP : 1][2];     // A regs 1/3 (row g + 8), only with 16 rows
@@ -50,10 +61,23 @@ struct WarpDecoder {
   float m_lo, m_hi;                  // running max (log2 domain), quad-uniform
   float l_lo, l_hi;                  // partial sums of this lane
   int lane;
+  // Shared-memory path: this lane's byte offsets in a slot for k-step pair p = 0 (K chunk) and n-tile
+  // pair q = 0 (ldmatrix row). The other pairs differ only in the swizzle bits 4..6:
+  //   K (p): kofs ^ ((p & 1) << 4) + (p >> 1) * BOX_BYTES + i * 1024     (row 8i + g)
+  //   V (q): vofs ^ ((q & 3) << 5) + (q >> 2) * BOX_BYTES + ks * 2048    (k-step ks)
+  // (the added terms are multiples of 128, so XOR and addition commute with them). K row 8i + g has
+  // swizzle phase g for every i and chunk 2t + (p & 1) stays inside its box; for ldmatrix.x4.trans
+  // of k-step ks and n-tile pair q (chunks 2q, 2q + 1) lane l addresses token
+  // 16 ks + (l % 8) + 8 ((l / 8) % 2), chunk 2q + l / 16. Both are recomputed from the lane id where
+  // used (two registers fewer for the D = 256 variants).
+  GQADRV_DEVICE u32 kofs() const { return swizzled_chunk_offset(TOK, lane >> 2, 2 * (lane & 3)); }
+  GQADRV_DEVICE u32 vofs() const {
+    return swizzled_chunk_offset(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+  }
 
   static GQADRV_DEVICE int k_chunk(int p, int t) { return 2 * t + (p & 1) + 8 * (p >> 1); }
   // head-dim element of O n-tile j, column n
-  static GQADRV_DEVICE int o_dim(int j, int n) { return 64 * (j >> 3) + 8 * n + (j & 7); }
+  static GQADRV_DEVICE int o_dim(int j, int n) { return LDSM_V ? 8 * j + n : 64 * (j >> 3) + 8 * n + (j & 7); }
 
   GQADRV_DEVICE void init(int lane_id) {
     lane = lane_id;
@@ -95,16 +119,34 @@ struct WarpDecoder {
       mma_16816<DT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
   }
 
-  // Process one sub-tile of TOK tokens starting at absolute token `tok0`. `src` provides
-  //   U32x4 src.k(r, c), src.v(r, c): 16-byte chunk c of K / V row r (0 <= r < TOK) of the sub-tile.
-  // `len` is the (clamped) valid length: tokens >= len are masked and their V rows zeroed.
+  // Process one sub-tile of TOK tokens starting at absolute token `tok0`. `src` is a
+  // SwizzledSmemChunks (LDSM_V) or a GlobalChunks (!LDSM_V), see below. `len` is the (clamped)
+  // valid length: tokens >= len are masked and their V rows zeroed.
+  // Global sources always take the masked code: it has no branch on `len`, so the K and V loads
+  // (bounded by the capacity, not the length) are issued before the length arrives.
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
+    if (!LDSM_V || D == 256 || tok0 + TOK > len)  // warp-uniform
+      step_impl<true>(src, tok0, len, scale_log2);
+    else
+      step_impl<false>(src, tok0, len, scale_log2);
+  }
+
+  template <bool PARTIAL, class Src>
+  GQADRV_DEVICE void step_impl(const Src& src, int tok0, int len, float scale_log2) {
+    float s[NT][4];
+    scores(src, s);
+    softmax<PARTIAL>(s, tok0, len, scale_log2);
+    accumulate<PARTIAL>(src, s, tok0, len);
+  }
+
+  // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each),
+  // except for D = 256, where the second set of accumulators would spill.
+  template <class Src>
+  GQADRV_DEVICE void scores(const Src& src, float (&s)[NT][4]) const {
     const int t = lane & 3, g = lane >> 2;
-    // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each),
-    // except for D = 256, where the second set of accumulators would spill.
     constexpr bool SPLIT_QK = D != 256;
-    float s[NT][4], s2[NT][4];
+    float s2[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
@@ -114,7 +156,12 @@ struct WarpDecoder {
     for (int p = 0; p < KP; ++p) {
       U32x4 kc[NT];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) kc[i] = src.k(8 * i + g, k_chunk(p, t));
+      for (int i = 0; i < NT; ++i) {
+        if constexpr (LDSM_V)
+          kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
+        else
+          kc[i] = src.k(8 * i + g, k_chunk(p, t));
+      }
 #pragma unroll
       for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
 #pragma unroll
@@ -126,35 +173,41 @@ struct WarpDecoder {
 #pragma unroll
         for (int c = 0; c < 4; ++c) s[i][c] += s2[i][c];
     }
-    // ---- online softmax (log2 domain)
-    const bool partial = tok0 + TOK > len;  // warp-uniform
+  }
+
+  // ---- online softmax (log2 domain): raw scores in, probabilities P out; rescales O and l.
+  // scale_log2 > 0 (validated on the host), so the max of the raw scores is the max of the scaled.
+  template <bool PARTIAL>
+  GQADRV_DEVICE void softmax(float (&s)[NT][4], int tok0, int len, float scale_log2) {
+    const int t = lane & 3;
     float mx_lo = neg_inf(), mx_hi = neg_inf();
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool valid = !partial || (tok0 + 8 * i + 2 * t + e < len);
-        float lo = valid ? s[i][e] * scale_log2 : neg_inf();
-        s[i][e] = lo;
-        mx_lo = fmaxf(mx_lo, lo);
-        if constexpr (R16) {
-          float hi = valid ? s[i][2 + e] * scale_log2 : neg_inf();
-          s[i][2 + e] = hi;
-          mx_hi = fmaxf(mx_hi, hi);
+        if constexpr (PARTIAL) {
+          if (tok0 + 8 * i + 2 * t + e >= len) {
+            s[i][e] = neg_inf();
+            s[i][2 + e] = neg_inf();
+          }
         }
+        mx_lo = fmaxf(mx_lo, s[i][e]);
+        if constexpr (R16) mx_hi = fmaxf(mx_hi, s[i][2 + e]);
       }
     }
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    const float mnew_lo = fmaxf(m_lo, mx_lo);
+    const float mold_lo = m_lo;
+    const float mnew_lo = fmaxf(m_lo, mx_lo * scale_log2);
     const float base_lo = mnew_lo == neg_inf() ? 0.f : mnew_lo;
     const float alpha_lo = fast_exp2(m_lo - base_lo);
     m_lo = mnew_lo;
-    float alpha_hi = 1.f, base_hi = 0.f;
+    float alpha_hi = 1.f, base_hi = 0.f, mold_hi = neg_inf();
     if constexpr (R16) {
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      const float mnew_hi = fmaxf(m_hi, mx_hi);
+      mold_hi = m_hi;
+      const float mnew_hi = fmaxf(m_hi, mx_hi * scale_log2);
       base_hi = mnew_hi == neg_inf() ? 0.f : mnew_hi;
       alpha_hi = fast_exp2(m_hi - base_hi);
       m_hi = mnew_hi;
@@ -164,18 +217,23 @@ struct WarpDecoder {
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[i][e] = fast_exp2(s[i][e] - base_lo);
+        s[i][e] = fast_exp2(fmaf(s[i][e], scale_log2, -base_lo));  // -inf (masked) -> 0
         sum_lo += s[i][e];
         if constexpr (R16) {
-          s[i][2 + e] = fast_exp2(s[i][2 + e] - base_hi);
+          s[i][2 + e] = fast_exp2(fmaf(s[i][2 + e], scale_log2, -base_hi));
           sum_hi += s[i][2 + e];
         }
       }
     }
     l_lo = l_lo * alpha_lo + sum_lo;
     if constexpr (R16) l_hi = l_hi * alpha_hi + sum_hi;
-    // Rescale O only when some row's max moved (rare after the first tiles).
-    if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) {
+    // Rescale O only when some row's max moved, and (except for D = 256, where the two registers
+    // this needs would spill) only after the row held a value: O is still zero while the max is
+    // -inf, e.g. on the first sub-tile.
+    constexpr bool SKIP_EMPTY = D != 256;
+    const bool moved = (alpha_lo != 1.f && (!SKIP_EMPTY || mold_lo != neg_inf())) ||
+                       (R16 && alpha_hi != 1.f && (!SKIP_EMPTY || mold_hi != neg_inf()));
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         o[j][0] *= alpha_lo;
@@ -183,10 +241,26 @@ struct WarpDecoder {
         if constexpr (R16) {
           o[j][2] *= alpha_hi;
           o[j][3] *= alpha_hi;
-        }
+        }  // (8 rows: o[j][2..3] hold the zero rows 8..15, nothing to rescale)
       }
     }
-    // ---- O += P V
+  }
+
+  GQADRV_DEVICE void mma_pv(int j, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if constexpr (OC == 4) {
+      mma_16816<DT>(o[j], a0, a1, a2, a3, b0, b1);
+    } else {
+      float acc[4] = {o[j][0], o[j][1], 0.f, 0.f};
+      mma_16816<DT>(acc, a0, a1, a2, a3, b0, b1);
+      o[j][0] = acc[0];
+      o[j][1] = acc[1];
+    }
+  }
+
+  // ---- O += P V
+  template <bool PARTIAL, class Src>
+  GQADRV_DEVICE void accumulate(const Src& src, const float (&s)[NT][4], int tok0, int len) {
+    const int t = lane & 3, g = lane >> 2;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       const u32 a0 = pack2<DT>(s[2 * ks][0], s[2 * ks][1]);
@@ -196,37 +270,53 @@ struct WarpDecoder {
         a1 = pack2<DT>(s[2 * ks][2], s[2 * ks][3]);
         a3 = pack2<DT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       }
-      const int r0 = 16 * ks + 2 * t;  // rows r0, r0+1, r0+8, r0+9 of the sub-tile
-#pragma unroll
-      for (int box = 0; box < NB; ++box) {
-        U32x4 v0 = src.v(r0, 8 * box + g);
-        U32x4 v1 = src.v(r0 + 1, 8 * box + g);
-        U32x4 v2 = src.v(r0 + 8, 8 * box + g);
-        U32x4 v3 = src.v(r0 + 9, 8 * box + g);
-        if (partial) {
-          const U32x4 z = {0u, 0u, 0u, 0u};
+      const int r0 = 16 * ks + 2 * t;  // this lane's tokens r0, r0+1 (b0) and r0+8, r0+9 (b1)
+      if constexpr (LDSM_V) {
+        // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
+        u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
+        if constexpr (PARTIAL) {
           const int tr = tok0 + r0;
-          if (tr >= len) v0 = z;
-          if (tr + 1 >= len) v1 = z;
-          if (tr + 8 >= len) v2 = z;
-          if (tr + 9 >= len) v3 = z;
+          z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
+          z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
         }
-        const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
-        const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
-        const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
-        const u32 w3[4] = {v3.x, v3.y, v3.z, v3.w};
+        const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const int j0 = 8 * box + 2 * w;
-          float acc0[4] = {o[j0][0], o[j0][1], R16 ? o[j0][OC - 2] : 0.f, R16 ? o[j0][OC - 1] : 0.f};
-          mma_16816<DT>(acc0, a0, a1, a2, a3, pack_lo(w0[w], w1[w]), pack_lo(w2[w], w3[w]));
-          float acc1[4] = {o[j0 + 1][0], o[j0 + 1][1], R16 ? o[j0 + 1][OC - 2] : 0.f,
-                           R16 ? o[j0 + 1][OC - 1] : 0.f};
-          mma_16816<DT>(acc1, a0, a1, a2, a3, pack_hi(w0[w], w1[w]), pack_hi(w2[w], w3[w]));
+        for (int q = 0; q < NJ / 2; ++q) {
+          u32 b0, b1, b2, b3;
+          ldsm_x4_trans(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), b0, b1, b2, b3);
+          if constexpr (PARTIAL) {
+            b0 &= z0;
+            b1 &= z1;
+            b2 &= z0;
+            b3 &= z1;
+          }
+          mma_pv(2 * q, a0, a1, a2, a3, b0, b1);
+          mma_pv(2 * q + 1, a0, a1, a2, a3, b2, b3);
+        }
+      } else {
 #pragma unroll
-          for (int c = 0; c < OC; ++c) {
-            o[j0][c] = acc0[c];
-            o[j0 + 1][c] = acc1[c];
+        for (int box = 0; box < NB; ++box) {
+          U32x4 v0 = src.v(r0, 8 * box + g);
+          U32x4 v1 = src.v(r0 + 1, 8 * box + g);
+          U32x4 v2 = src.v(r0 + 8, 8 * box + g);
+          U32x4 v3 = src.v(r0 + 9, 8 * box + g);
+          if constexpr (PARTIAL) {
+            const U32x4 z = {0u, 0u, 0u, 0u};
+            const int tr = tok0 + r0;
+            if (tr >= len) v0 = z;
+            if (tr + 1 >= len) v1 = z;
+            if (tr + 8 >= len) v2 = z;
+            if (tr + 9 >= len) v3 = z;
+          }
+          const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
+          const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
+          const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
+          const u32 w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const int j0 = 8 * box + 2 * w;
+            mma_pv(j0, a0, a1, a2, a3, pack_lo(w0[w], w1[w]), pack_lo(w2[w], w3[w]));
+            mma_pv(j0 + 1, a0, a1, a2, a3, pack_hi(w0[w], w1[w]), pack_hi(w2[w], w3[w]));
           }
         }
       }
@@ -275,7 +365,7 @@ struct WarpDecoder {
   }
 };
 
-// Sources of 16-byte chunks for WarpDecoder::step.
+// Sources of K and V for WarpDecoder::step.
 // (1) Global memory, rows predicated on the valid length (tokens >= len are never read).
 struct GlobalChunks {
   const u16* __restrict__ k_rows;  // row 0 of the sub-tile
@@ -293,15 +383,10 @@ struct GlobalChunks {
 };
 
 // (2) A shared-memory slot holding K then V of one sub-tile, each as D/64 boxes of TOK rows x 128 B
-//     with the 128B swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B).
+//     with the 128B swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B, and the
+//     cp.async kernel writes by hand). Read by a WarpDecoder with LDSM_V = true through its
+//     precomputed per-lane offsets (K: 16-byte loads, V: ldmatrix.x4.trans).
 template <int D, int TOK>
 struct SwizzledSmemChunks {
   const u8* base;  // 1024-byte aligned
-  static constexpr int KV_BYTES = D * TOK * 2;
-  GQADRV_DEVICE U32x4 k(int r, int c) const {
-    return *reinterpret_cast<const U32x4*>(base + swizzled_chunk_offset(TOK, r, c));
-  }
-  GQADRV_DEVICE U32x4 v(int r, int c) const {
-    return *reinterpret_cast<const U32x4*>(base + KV_BYTES + swizzled_chunk_offset(TOK, r, c));
-  }
 };

@@ -111,6 +111,15 @@ GQADRV_DEVICE void mma_16816<1>(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u
 }
 
 // ----------------------------------------------------------------------------- memory
+// ldmatrix.x4.trans (sm_75+): four 8x8 b16 matrices; lane l supplies the shared address of row l % 8
+// of matrix l / 8 (16 contiguous bytes); register m of lane (g = l / 4, t = l % 4) receives
+// {M_m[2t][g], M_m[2t + 1][g]} (low, high half): an mma.sync B fragment of a row-major tile.
+// Not a memory clobber: ordering against the mbarrier waits comes from asm volatile.
+GQADRV_DEVICE void ldsm_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
 GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
   U32x4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -68,7 +68,7 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
     cp_async_commit();
   }
 
-  WarpDecoder<DT, D, ROWS, TOK> dec;
+  WarpDecoder<DT, D, ROWS, TOK, true> dec;
   dec.init(lane);
   {
     const int g = lane >> 2;

@@ -16,7 +16,8 @@
 //            lane 0 after __syncwarp + fence.proxy.async (its readers are its own warp).
 //            __syncthreads before the warp-state merge; split ticket: see gqa_cta.cuh.
 // L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
-//            prefetches into L2 the first STAGES sub-tiles it would own if len == C (GQA_PREFETCH);
+//            prefetches into L2 the first STAGES sub-tiles it would own if len == C, when the host
+//            sets GQA_FLAG_L2_PREFETCH (one wave of long streams; GQA_PREFETCH=0 compiles it out);
 //            L2 is the coherence point, so this is safe even if the previous kernel writes KV.
 //            Ring loads carry an L2 evict-first policy when args.flags has GQA_FLAG_L2_EVICT_FIRST
 //            (large KV footprints), evict-normal otherwise.
@@ -59,7 +60,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     if (warp == 0) tma_prefetch_desc(&kv_map);
 #if GQA_PREFETCH
     // L2 prefetch of this warp's first sub-tiles under the guess len == C
-    for (int i = 0; i < spec; ++i) {
+    const int n_pre = (args.flags & GQA_FLAG_L2_PREFETCH) ? spec : 0;
+    for (int i = 0; i < n_pre; ++i) {
       const int sub = first_c + i * W;
 #pragma unroll
       for (int box = 0; box < NB; ++box) {
@@ -92,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   };
   if (lane == 0)
     for (int i = 0; i < spec; ++i) issue(i, first_c + i * W);
-  WarpDecoder<DT, D, ROWS, TOK> dec;  // Q first: its load does not wait for the length
+  WarpDecoder<DT, D, ROWS, TOK, true> dec;  // Q first: its load does not wait for the length
   dec.init(lane);
   {
     const int g = lane >> 2;
