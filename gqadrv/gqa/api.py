@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import threading
 from typing import Any
 
@@ -285,6 +286,85 @@ def _note_devices() -> None:
         _MULTI_DEVICE[0] = _drv.device_count() > 1
 
 
+# ----------------------------------------------------------------------------- convenience replays
+# A convenience call whose inputs are all CuPy arrays on the current device and stream (stream=None)
+# is keyed by everything validation and routing looked at: pointers, shapes, strides and dtypes of
+# the four tensors, q_scale, backend, the tuning environment, device and stream. A call with the
+# same key skips ingestion, validation, routing and packing: it reuses the launch (and allocates a
+# new output when out is None). Equal pointers with equal shapes, strides and dtypes describe the same
+# memory layout, so every validated fact (alignment, contiguity, aliasing) still holds.
+class _Replay:
+    __slots__ = ("plan", "args", "shape", "dtype", "lock")
+
+    def __init__(self, plan: LaunchPlan, args: tuple, shape, dtype):
+        self.plan, self.args, self.shape, self.dtype = plan, args, shape, dtype
+        self.lock = threading.Lock()
+
+    def launch(self, out):
+        if out is not None:
+            with self.lock:
+                self.plan.launch()
+            return out
+        import cupy
+
+        # current device (the key says so), allocated in stream order on the launch stream
+        s = self.plan._stream
+        if s == cupy.cuda.get_current_stream().ptr:
+            o = cupy.empty(self.shape, self.dtype)
+        else:
+            with _on_stream(s, cupy.cuda.runtime.getDevice()):
+                o = cupy.empty(self.shape, self.dtype)
+        args = self.args
+        args = args[:2] + (o.data.ptr,) + args[3:]
+        with self.lock:
+            self.plan.args.set("args", args)
+            self.plan.launch()
+        return o
+
+
+_replays: dict = {}
+_replays_lock = threading.Lock()
+
+
+def _array_key(a) -> tuple:
+    return (a.data.ptr, a.shape, a.strides, a.dtype)
+
+
+def _replay_key(q, kv, lens, out, q_scale, stream, backend) -> tuple | None:
+    """The replay key of a call, or None when the call is not eligible (see above)."""
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        return None
+    nd = cp.ndarray
+    if type(q) is not nd or type(kv) is not nd or type(lens) is not nd or (out is not None and type(out) is not nd):
+        return None
+    if type(q_scale) is not float and type(q_scale) is not int:
+        return None
+    env = os.environ
+    dev = q.device.id
+    if dev != cp.cuda.runtime.getDevice():
+        return None
+    cur = cp.cuda.get_current_stream().ptr
+    s = cur if stream is None else resolve_stream(stream, dev, "cupy")
+    return (_array_key(q), _array_key(kv), _array_key(lens), None if out is None else _array_key(out), q_scale,
+            backend, tuple(env.get(k) for k in _ENV_KEYS), _MULTI_DEVICE[0], s != cur, s, dev)
+
+
+def _remember_replay(key, loaded, variant, problem, grid, block, smem, s, ws, splits) -> None:
+    args = _args_tuple(problem, problem.out.ptr if problem.out is not None else 0, ws, 0, splits, variant, loaded)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature), stream=s, pdl=True)
+    if variant.family.uses_tma:
+        plan.args.pack(_kv_tensor_map(problem, variant), args)
+    else:
+        plan.args.pack(args)
+    if _MULTI_DEVICE[0]:  # launches must see this device's context current
+        return
+    with _replays_lock:
+        if len(_replays) > 1024:
+            _replays.clear()
+        _replays[key] = _Replay(plan, args, problem.q.shape, _tensors._np_dtype(problem.dtype))
+
+
 # ----------------------------------------------------------------------------- convenience API
 def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
                stream: Any = None, backend: str | None = None) -> Any:
@@ -297,6 +377,13 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
     Lengths are clamped on the device to [0, C]; an empty request yields zeros.
     ``backend``: None/'auto', 'hopper' or 'portable' (also GQADRV_BACKEND).
     """
+    key = _replay_key(q, kv, sequence_lengths, out, q_scale, stream, backend)
+    if key is not None:
+        hit = _replays.get(key)
+        if hit is not None:
+            if key[-3]:  # a stream other than CuPy's current one: order the inputs first
+                _dlpack_stream("cupy", key[-1], key[-2])
+            return hit.launch(out)
     _drv.ensure_init()
     _note_devices()
     fw = _tensors.framework_of(q)
@@ -319,6 +406,8 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
                                                                      problem.group, problem.head_dim, splits))
     grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
     _launch_convenience(loaded, variant, problem, grid, block, smem, s, out_ptr, ws, splits)
+    if key is not None and key[-1] == problem.device and key[-2] == s:
+        _remember_replay(key, loaded, variant, problem, grid, block, smem, s, ws, splits)
     if out is not None:
         return out
     with _on_stream(s, problem.device):

@@ -110,9 +110,30 @@ def _describe(obj: Any) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
+def _cupy_view(obj: Any, name: str, dtype: str | None) -> TensorView | None:
+    """Fast path for CuPy arrays (no DLPack capsule): their attributes are the same facts DLPack
+    would give. Returns None when the array needs the general path (fp8 & co., zero itemsize)."""
+    npdt = obj.dtype
+    dt = dtype or _DT_NAMES.get(npdt)
+    if dt is None:
+        dt = _DT_NAMES.setdefault(npdt, _dtype_name(npdt))
+    itemsize = npdt.itemsize
+    if dt not in DTYPE_BYTES or DTYPE_BYTES[dt] != itemsize or itemsize == 0:
+        return None
+    strides = tuple(st // itemsize for st in obj.strides)
+    return TensorView(obj, name, obj.data.ptr, obj.shape, strides, dt, itemsize, obj.device.id, "cupy")
+
+
 def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None = None) -> TensorView:
     """Read a DLPack tensor. ``stream``: the consumer stream the producer must order against
-    (None: no synchronisation requested)."""
+    (None: no synchronisation requested). CuPy arrays with ``stream`` None are read from their
+    attributes (same facts, no capsule: a few microseconds less per tensor)."""
+    if stream is None:
+        cp = sys.modules.get("cupy")
+        if cp is not None and type(obj) is cp.ndarray:
+            v = _cupy_view(obj, name, dtype)
+            if v is not None:
+                return v
     if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
         raise TypeError(f"{name} must be a CUDA array supporting DLPack (CuPy, torch, JAX, ...); got {_describe(obj)}")
     try:

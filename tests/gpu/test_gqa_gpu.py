@@ -120,6 +120,59 @@ def test_empty_and_out_of_range_lengths_with_poisoned_cache(C):
             assert st == {"empty": [0, 1], "clamped": [2, 3]}
 
 
+def test_convenience_replays_follow_device_data_and_every_key_part(monkeypatch):
+    """Repeated CuPy calls reuse their validated launch (gqa/api.py: replays); lengths and values
+    are device data read at every launch, and any change of q_scale, out, stream or tuning
+    environment is a different key."""
+    import cupy as cp
+
+    import gqadrv
+    from gqadrv.gqa import api
+    from gqadrv.gqa.reference import gqa_decode_reference
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 16, 128)).astype(np.float16)
+    kv = rng.standard_normal((2, 2, 4, 2000, 128)).astype(np.float16)
+    dq, dkv = cp.asarray(q), cp.asarray(kv)
+    dlen = cp.asarray(np.array([2000, 700], np.int32))
+    n0 = len(api._replays)
+    first = gqadrv.gqa_decode(dq, dkv, dlen)
+    assert len(api._replays) == n0 + 1
+    for lens in ([2000, 700], [5, 1999], [0, 2000], [2001, 1]):
+        dlen.set(np.array(lens, np.int32))
+        got = gqadrv.gqa_decode(dq, dkv, dlen)
+        assert got is not first and got.data.ptr != dq.data.ptr
+        check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q, kv, np.array(lens)), "float16", f"replay {lens}")
+    assert len(api._replays) == n0 + 1  # all of them replays
+    dq[0, 0, :] = 0  # values are device data too
+    q2 = q.copy()
+    q2[0, 0, :] = 0
+    lens = np.array([2001, 1], np.int32)
+    check(cp.asnumpy(gqadrv.gqa_decode(dq, dkv, dlen)).astype(np.float64), gqa_decode_reference(q2, kv, lens),
+          "float16", "replay after a value change")
+    o = cp.full(dq.shape, np.nan, dq.dtype)
+    assert gqadrv.gqa_decode(dq, dkv, dlen, out=o) is o
+    assert gqadrv.gqa_decode(dq, dkv, dlen, out=o) is o
+    check(cp.asnumpy(o).astype(np.float64), gqa_decode_reference(q2, kv, lens), "float16", "replay out=")
+    check(cp.asnumpy(gqadrv.gqa_decode(dq, dkv, dlen, q_scale=0.5)).astype(np.float64),
+          gqa_decode_reference(q2, kv, lens, 0.5), "float16", "replay q_scale")
+    s = cp.cuda.Stream(non_blocking=True)
+    for _ in range(2):
+        got = gqadrv.gqa_decode(dq, dkv, dlen, stream=s)
+    s.synchronize()
+    check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q2, kv, lens), "float16", "replay stream=")
+    monkeypatch.setenv("GQADRV_BACKEND", "portable")
+    n1 = len(api._replays)
+    for _ in range(2):
+        got = gqadrv.gqa_decode(dq, dkv, dlen)
+    assert len(api._replays) == n1 + 1
+    check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q2, kv, lens), "float16", "replay portable")
+    with pytest.raises(ValueError, match="q_scale"):  # an invalid call never becomes a replay
+        gqadrv.gqa_decode(dq, dkv, dlen, q_scale=-1.0)
+    with pytest.raises(ValueError, match="q_scale"):
+        gqadrv.gqa_decode(dq, dkv, dlen, q_scale=-1.0)
+
+
 def test_short_route_cannot_split():
     import cupy as cp
 

@@ -165,8 +165,16 @@ def test_host_cost_of_a_prepared_launch(report):
     p = gqadrv.prepare_gqa_decode(Q=dq, KV=dkv, O=cp.empty_like(dq), sequence_lengths=dlen, stream=s)
     launch = gqadrv.launch_prepared
     meds = {}
+    o = cp.empty_like(dq)
+
+    def on_current_stream():
+        with s:
+            return gqadrv.gqa_decode(dq, dkv, dlen)
+
     for label, fn in (("launch_prepared", lambda: launch(p)),
-                      ("convenience gqa_decode", lambda: gqadrv.gqa_decode(dq, dkv, dlen, stream=s))):
+                      ("convenience gqa_decode (stream=s)", lambda: gqadrv.gqa_decode(dq, dkv, dlen, stream=s)),
+                      ("convenience gqa_decode (stream=s, out=)", lambda: gqadrv.gqa_decode(dq, dkv, dlen, out=o, stream=s)),
+                      ("convenience gqa_decode (current stream)", on_current_stream)):
         fn()
         s.synchronize()
         n = 1000 if label == "launch_prepared" else 300
