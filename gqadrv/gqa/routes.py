@@ -45,6 +45,7 @@ SIG_TMA = Signature(("kv_map", TMAP), ("args", GQA_ARGS))
 SIG_PLAIN = Signature(("args", GQA_ARGS))
 
 SHORT_CAPACITY_MAX = 64
+STATE_ROW_PAD = _tc.STATE_ROW_PAD  # merge-area row padding (floats), see kernels/common/gqa_warp.cuh
 SPLIT_MIN_ROUNDS = 4  # see default_splits
 # Per-block shared-memory opt-in limits of the targets (bytes); the portable family must also fit
 # sm_86 / sm_89 (101376 B).
@@ -174,7 +175,7 @@ class Variant:
         t, D = self.tiling, self.head_dim
         if self.family.name.startswith("tc_"):
             return _tc.tc_dynamic_smem(self.family.name, D, self.rows, t.tok, t.stages)
-        merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + 1)) * 4
+        merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + STATE_ROW_PAD)) * 4
         need = merge
         if self.family.ring:
             need = max(need, t.warps * t.stages * 2 * D * t.tok * 2)

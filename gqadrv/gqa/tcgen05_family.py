@@ -41,6 +41,9 @@ TC_TMEM_COLUMNS = 64    # tc::TMEM_COLS, allocated and freed by every CTA
 _THREADS = {"tc_short": 160, "tc_long": 192}
 _MAX_SPLITS = 64        # GQA_MAX_SPLITS default of kernels/common/gqa_config.cuh
 _MAX_GROUP = 16
+# Extra floats per row of a softmax state in the CTA merge area: StateLayout<D>::STRIDE = D + 8 in
+# kernels/common/gqa_warp.cuh (shared by every GQA kernel; routes.py re-exports it).
+STATE_ROW_PAD = 8
 
 # (family, head_dim) -> (threads, tok, stages). tc_long stages = ring slots of ONE K or V sub-tile
 # (128 * D * 2 bytes): D=64 6 x 16 KiB, D=128 3 x 32 KiB (both ~100 KiB: two CTAs per SM),
@@ -74,7 +77,7 @@ def tc_dynamic_smem(family_name: str, head_dim: int, rows: int, tok: int, stages
     Operand buffers (all 1024-byte aligned, 128B-swizzled): K/V sub-tiles of ``tok*D*2`` bytes
     (tc_long: ``stages`` ring slots; tc_short: one K and one V tile), Q (16 rows x D) and P^T
     (16 heads x tok). After the last P.V the operand bytes are reused for the merge area (one softmax
-    state: ``rows*2 + rows*(D+1)`` fp32) and the split-merge scratch ``(3*64*16+16)*4`` bytes, which
+    state: ``rows*2 + rows*(D+8)`` fp32) and the split-merge scratch ``(3*64*16+16)*4`` bytes, which
     always fit inside the K/V region, so they add nothing.
     """
     _check(family_name, head_dim, rows, tok, stages)
@@ -82,7 +85,7 @@ def tc_dynamic_smem(family_name: str, head_dim: int, rows: int, tok: int, stages
     kv = stages * tile if family_name == "tc_long" else 2 * tile
     q = TC_NUM_QK_HEADS * head_dim * 2
     p = TC_NUM_QK_HEADS * tok * 2
-    merge = max((rows * 2 + rows * (head_dim + 1)) * 4, (3 * _MAX_SPLITS * _MAX_GROUP + _MAX_GROUP) * 4)
+    merge = max((rows * 2 + rows * (head_dim + STATE_ROW_PAD)) * 4, (3 * _MAX_SPLITS * _MAX_GROUP + _MAX_GROUP) * 4)
     if merge > kv:  # the kernels static_assert the same
         raise ValueError(f"{family_name}: merge area ({merge} B) does not fit the K/V buffers ({kv} B)")
     return kv + q + p

@@ -82,16 +82,20 @@ GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
   return s;
 }
 
+// Shared-memory layout of W softmax states: {m, l} per (state, row), then ROWS rows of D numerators
+// per state with the row stride of StateLayout (16-byte aligned: `base` must be too).
 template <int D, int ROWS, int W>
 struct MergeArea {
+  static constexpr int STRIDE = StateLayout<D>::STRIDE;
   static constexpr int ML_FLOATS = W * ROWS * 2;
-  static constexpr int OS_FLOATS = W * ROWS * (D + 1);
+  static constexpr int OS_FLOATS = W * ROWS * STRIDE;
   static constexpr int BYTES = (ML_FLOATS + OS_FLOATS) * 4;
+  static_assert(ML_FLOATS % 4 == 0 && STRIDE % 8 == 0, "16-byte aligned state rows");
   static GQADRV_DEVICE float* ml(u8* base, int warp) {
     return reinterpret_cast<float*>(base) + warp * ROWS * 2;
   }
   static GQADRV_DEVICE float* os(u8* base, int warp) {
-    return reinterpret_cast<float*>(base) + ML_FLOATS + warp * ROWS * (D + 1);
+    return reinterpret_cast<float*>(base) + ML_FLOATS + warp * ROWS * STRIDE;
   }
 };
 
@@ -155,9 +159,16 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
         if (mw == neg_inf()) continue;
         const float wt = fast_exp2(mw - M);
         den += wt * MA::ml(area, w)[2 * row + 1];
-        const float* src = MA::os(area, w) + row * (D + 1) + d0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wt * src[i];
+        const U32x4* src = reinterpret_cast<const U32x4*>(MA::os(area, w) + row * MA::STRIDE + d0);
+        const U32x4 lo = src[0], hi = src[1];
+        acc[0] += wt * __uint_as_float(lo.x);
+        acc[1] += wt * __uint_as_float(lo.y);
+        acc[2] += wt * __uint_as_float(lo.z);
+        acc[3] += wt * __uint_as_float(lo.w);
+        acc[4] += wt * __uint_as_float(hi.x);
+        acc[5] += wt * __uint_as_float(hi.y);
+        acc[6] += wt * __uint_as_float(hi.z);
+        acc[7] += wt * __uint_as_float(hi.w);
       }
     }
     if (S == 1) {

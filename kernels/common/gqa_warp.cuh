@@ -37,6 +37,15 @@ GQADRV_DEVICE u32 swizzled_chunk_offset(int rows, int r, int c) {
   return (u32)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+// Row stride (floats) of the per-warp O states in the CTA merge area (gqa_cta.cuh MergeArea;
+// gqadrv/gqa/routes.py STATE_ROW_PAD): rows stay 32-byte aligned, so the merge reads 8 floats with
+// two 128-bit loads, and the 8 extra floats put consecutive rows 8 banks apart, so the fragment-order
+// 64-bit writes of store_state are conflict-free within each half-warp.
+template <int D>
+struct StateLayout {
+  static constexpr int STRIDE = D + 8;
+};
+
 template <int DT, int D, int ROWS, int TOK, bool LDSM_V = false>
 struct WarpDecoder {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
@@ -334,8 +343,9 @@ struct WarpDecoder {
   }
 
   // Write this warp's state (rows < group) into the CTA merge area:
-  //   ml[row] = {m, l}, o[row * (D + 1) + d] (padded rows: fewer bank conflicts).
+  //   ml[row] = {m, l}, o[row * StateLayout<D>::STRIDE + d].
   GQADRV_DEVICE void store_state(float* __restrict__ ml, float* __restrict__ os, int group) const {
+    constexpr int ST = StateLayout<D>::STRIDE;
     const int t = lane & 3, g = lane >> 2;
     const bool lo_ok = g < group, hi_ok = R16 && (g + 8 < group);
     if (t == 0) {
@@ -351,14 +361,21 @@ struct WarpDecoder {
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int d0 = o_dim(j, 2 * t), d1 = o_dim(j, 2 * t + 1);
-      if (lo_ok) {
-        os[g * (D + 1) + d0] = o[j][0];
-        os[g * (D + 1) + d1] = o[j][1];
-      }
-      if constexpr (R16) {
-        if (hi_ok) {
-          os[(g + 8) * (D + 1) + d0] = o[j][2];
-          os[(g + 8) * (D + 1) + d1] = o[j][3];
+      if constexpr (LDSM_V) {  // d1 == d0 + 1: one 64-bit store per row
+        if (lo_ok) *reinterpret_cast<F32x2*>(os + g * ST + d0) = F32x2{o[j][0], o[j][1]};
+        if constexpr (R16) {
+          if (hi_ok) *reinterpret_cast<F32x2*>(os + (g + 8) * ST + d0) = F32x2{o[j][2], o[j][3]};
+        }
+      } else {
+        if (lo_ok) {
+          os[g * ST + d0] = o[j][0];
+          os[g * ST + d1] = o[j][1];
+        }
+        if constexpr (R16) {
+          if (hi_ok) {
+            os[(g + 8) * ST + d0] = o[j][2];
+            os[(g + 8) * ST + d1] = o[j][3];
+          }
         }
       }
     }

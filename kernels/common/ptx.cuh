@@ -31,6 +31,10 @@ struct alignas(16) U32x4 {
   u32 x, y, z, w;
 };
 
+struct alignas(8) F32x2 {
+  float x, y;
+};
+
 GQADRV_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 GQADRV_DEVICE float neg_inf() { return __int_as_float(0xff800000); }

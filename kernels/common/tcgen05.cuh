@@ -464,7 +464,7 @@ struct TcSoftmax {
       if (mine) {
 #pragma unroll
         for (int h = 0; h < ROWS; ++h)
-          if (h < rows) os[h * (D + 1) + d] = __uint_as_float(o[h]);
+          if (h < rows) os[h * StateLayout<D>::STRIDE + d] = __uint_as_float(o[h]);
       }
     }
     tc_fence_before_thread_sync();  // our TMEM loads are ordered before the dealloc (after a bar)
