@@ -415,7 +415,7 @@ struct TcSoftmax {
   }
 
   // After the last tile: reduce the denominators, read O^T (if any tile was processed) and write
-  // this CTA's single softmax state into the merge area (ml[row] = {m, l}, os[row*(D+1)+d]).
+  // this CTA's single softmax state into the merge area (ml[row] = {m, l}, os[row*(D+8)+d]).
   //   last_pv_done/parity: the commit of the last P.V (waited when has_o)
   GQADRV_DEVICE void finish(u32 tmem, bool has_o, u32 last_pv_done, u32 last_parity, float* red_l, float* ml,
                             float* os, int group) {

@@ -7,7 +7,7 @@
 //            bounded by the capacity C (known on the host), not by the device length, so the Q, K,
 //            V and length loads are all in flight at once; rows >= len are masked (scores -inf,
 //            V rows zeroed in registers), rows >= C read as zero. One WarpDecoder step.
-// Smem map   the per-warp states (MergeArea: W x ROWS x {m,l} and W x ROWS x (D+1) fp32), merged
+// Smem map   the per-warp states (MergeArea: W x ROWS x {m,l} and W x ROWS x (D+8) fp32, see StateLayout), merged
 //            by all threads into the fp16/bf16 output.
 // Barriers   one __syncthreads between store_state and the merge; no mbarriers.
 #include "../common/gqa_config.cuh"
