@@ -287,9 +287,11 @@ def _note_devices() -> None:
 
 
 # ----------------------------------------------------------------------------- convenience replays
-# A convenience call whose inputs are all CuPy arrays on the current device and stream (stream=None)
+# A convenience call whose tensors are all CuPy arrays on the current device (single-GPU processes)
 # is keyed by everything validation and routing looked at: pointers, shapes, strides and dtypes of
-# the four tensors, q_scale, backend, the tuning environment, device and stream. A call with the
+# the four tensors, q_scale, backend, the tuning environment, device and the resolved stream (with
+# a flag when it is not CuPy's current one: the input-ordering event is then recorded again at
+# every replay, as on the first call). A call with the
 # same key skips ingestion, validation, routing and packing: it reuses the launch (and allocates a
 # new output when out is None). Equal pointers with equal shapes, strides and dtypes describe the same
 # memory layout, so every validated fact (alignment, contiguity, aliasing) still holds.
@@ -351,14 +353,14 @@ def _replay_key(q, kv, lens, out, q_scale, stream, backend) -> tuple | None:
 
 
 def _remember_replay(key, loaded, variant, problem, grid, block, smem, s, ws, splits) -> None:
+    if _MULTI_DEVICE[0]:  # launches must make the device's context current: not replayed
+        return
     args = _args_tuple(problem, problem.out.ptr if problem.out is not None else 0, ws, 0, splits, variant, loaded)
     plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature), stream=s, pdl=True)
     if variant.family.uses_tma:
         plan.args.pack(_kv_tensor_map(problem, variant), args)
     else:
         plan.args.pack(args)
-    if _MULTI_DEVICE[0]:  # launches must see this device's context current
-        return
     with _replays_lock:
         if len(_replays) > 1024:
             _replays.clear()
