@@ -169,6 +169,8 @@ def test_l2_prefetch_rule():
     assert not pays(v, 256, 8, 2048, 1, 132, 1)
     portable = routes.select_variant((9, 0), 4096, 128, "float16", 4, backend="portable")
     assert not pays(portable, 16, 8, 4096, 1, 132, 1)  # no TMA prefetch in the cp.async kernel
+    tc_long = routes.select_variant((10, 0), 4096, 128, "float16", 4)
+    assert tc_long.family.name == "tc_long" and not pays(tc_long, 16, 8, 4096, 1, 148, 1)  # flag not read there
     assert routes.GQA_FLAG_L2_PREFETCH != routes.GQA_FLAG_L2_EVICT_FIRST
 
 

@@ -43,7 +43,7 @@ def run(text, splits, flush, cp):
         ws = api._alloc_workspace(0, s, *api._workspace_bytes(prob.batch, prob.num_kv_heads, prob.group, prob.head_dim, ns))
     grid, block, smem = routes.launch_geometry(variant, prob.batch, prob.num_kv_heads, ns)
     trace = cp.zeros(grid[0] * 16, cp.uint64)
-    pack = api._pack(variant, loaded, prob, int(o.data.ptr), ws, int(trace.data.ptr), ns)
+    pack = api._pack(variant, prob, api._args_tuple(prob, int(o.data.ptr), ws, int(trace.data.ptr), ns, variant, loaded))
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
     out = {}
     for mode in ("cold", "hot"):

@@ -85,10 +85,15 @@ _ENV_KEYS = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_P
 _route_cache: dict = {}
 
 
-def _route(problem: _contract.GqaProblem, backend: str | None) -> tuple[_routes.Variant, _Loaded]:
+def _tuning_env() -> tuple:
+    """The tuning variables that change routing, compiled switches or launch flags (part of the
+    route and replay keys)."""
     env = os.environ
-    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend,
-           tuple(env.get(k) for k in _ENV_KEYS))
+    return tuple(env.get(k) for k in _ENV_KEYS)
+
+
+def _route(problem: _contract.GqaProblem, backend: str | None) -> tuple[_routes.Variant, _Loaded]:
+    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend, _tuning_env())
     hit = _route_cache.get(key)
     if hit is None:
         info = _drv.device_info(problem.device)
@@ -210,14 +215,17 @@ def _args_tuple(problem, out_ptr, ws: _Workspace | None, status_ptr: int, splits
     )
 
 
-def _pack(variant, loaded, problem, out_ptr, ws, status_ptr, splits) -> ArgPack:
-    pack = ArgPack(variant.family.signature)
-    args = _args_tuple(problem, out_ptr, ws, status_ptr, splits, variant, loaded)
-    if variant.family.uses_tma:
-        pack.pack(_kv_tensor_map(problem, variant), args)
-    else:
-        pack.pack(args)
-    return pack
+def _tmap_of(problem, variant) -> bytes | None:
+    return _kv_tensor_map(problem, variant) if variant.family.uses_tma else None
+
+
+def _pack_into(pack: ArgPack, args: tuple, tmap: bytes | None) -> ArgPack:
+    """Fill a kernel's argument buffer: (tensor map, args) for TMA families, (args) otherwise."""
+    return pack.pack(tmap, args) if tmap is not None else pack.pack(args)
+
+
+def _pack(variant, problem, args: tuple) -> ArgPack:
+    return _pack_into(ArgPack(variant.family.signature), args, _tmap_of(problem, variant))
 
 
 class _ExternalStream:
@@ -259,7 +267,7 @@ _plans_lock = threading.Lock()
 def _launch_convenience(loaded: _Loaded, variant, problem, grid, block, smem, s, out_ptr, ws, splits) -> None:
     key = (loaded.kernel.function_int, grid, smem, s)
     args = _args_tuple(problem, out_ptr, ws, 0, splits, variant, loaded)
-    tmap = _kv_tensor_map(problem, variant) if variant.family.uses_tma else None
+    tmap = _tmap_of(problem, variant)
     with _plans_lock:
         plan = _plans.get(key)
         if plan is None:
@@ -267,10 +275,7 @@ def _launch_convenience(loaded: _Loaded, variant, problem, grid, block, smem, s,
                 _plans.clear()
             plan = _plans[key] = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature),
                                             stream=s, pdl=True)
-        if tmap is not None:
-            plan.args.pack(tmap, args)
-        else:
-            plan.args.pack(args)
+        _pack_into(plan.args, args, tmap)
         if _MULTI_DEVICE[0]:
             with _drv.device_scope(problem.device):
                 plan.launch()
@@ -342,25 +347,20 @@ def _replay_key(q, kv, lens, out, q_scale, stream, backend) -> tuple | None:
         return None
     if type(q_scale) is not float and type(q_scale) is not int:
         return None
-    env = os.environ
     dev = q.device.id
     if dev != cp.cuda.runtime.getDevice():
         return None
     cur = cp.cuda.get_current_stream().ptr
     s = cur if stream is None else resolve_stream(stream, dev, "cupy")
     return (_array_key(q), _array_key(kv), _array_key(lens), None if out is None else _array_key(out), q_scale,
-            backend, tuple(env.get(k) for k in _ENV_KEYS), _MULTI_DEVICE[0], s != cur, s, dev)
+            backend, _tuning_env(), _MULTI_DEVICE[0], s != cur, s, dev)
 
 
 def _remember_replay(key, loaded, variant, problem, grid, block, smem, s, ws, splits) -> None:
     if _MULTI_DEVICE[0]:  # launches must make the device's context current: not replayed
         return
     args = _args_tuple(problem, problem.out.ptr if problem.out is not None else 0, ws, 0, splits, variant, loaded)
-    plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature), stream=s, pdl=True)
-    if variant.family.uses_tma:
-        plan.args.pack(_kv_tensor_map(problem, variant), args)
-    else:
-        plan.args.pack(args)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, _pack(variant, problem, args), stream=s, pdl=True)
     with _replays_lock:
         if len(_replays) > 1024:
             _replays.clear()
@@ -561,7 +561,7 @@ def prepare_gqa_decode(inputs: dict | None = None, *, Q: Any = None, KV: Any = N
     with cupy.cuda.Device(problem.device):
         status = cupy.empty(problem.batch, dtype=cupy.uint32)
     grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
-    pack = _pack(variant, loaded, problem, problem.out.ptr, ws, int(status.data.ptr), splits)
+    pack = _pack(variant, problem, _args_tuple(problem, problem.out.ptr, ws, int(status.data.ptr), splits, variant, loaded))
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
     drv = _drv.driver()
     with _drv.device_scope(problem.device):

@@ -255,6 +255,11 @@ def launch_geometry(variant: Variant, batch: int, num_kv_heads: int, num_splits:
     return (batch * num_kv_heads * num_splits, 1, 1), variant.block, variant.dynamic_smem
 
 
+def sub_tile_rounds(variant: Variant, capacity: int) -> int:
+    """Rounds of sub-tiles (one per warp, `warps * tok` tokens) that cover the capacity."""
+    return -(-capacity // variant.tiling.tokens_per_round)
+
+
 @functools.lru_cache(maxsize=4096)
 def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, sm_count: int,
                    ctas_per_sm: int) -> int:
@@ -266,7 +271,7 @@ def default_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
     slots = sm_count * max(1, ctas_per_sm)
     if bh >= slots:
         return 1
-    rounds = -(-capacity // variant.tiling.tokens_per_round)
+    rounds = sub_tile_rounds(variant, capacity)
     # Below SPLIT_MIN_ROUNDS rounds of sub-tiles the ticket + merge of a split (about 2 us of latency
     # on the H200) costs more than the rounds it takes off each CTA (B4 C256: 4.6 us unsplit, 5.1-5.3
     # with 2 or 4 splits). Above it: one wave of CTAs, each warp owning at least one sub-tile
@@ -284,12 +289,12 @@ def l2_prefetch_pays(variant: Variant, batch: int, num_kv_heads: int, capacity: 
     than they save on short streams. Measured on the H200 (hot, prefetch on / off): B16 C4096
     62.1 / 63.2 us and B1 C32768 33.8 / 35.1 us (one wave, 32 and 16 rounds per CTA: on);
     B1 C4096 7.8 / 7.6 us and B4 C256 4.1 / 4.0 us (2 rounds: off); B256 C2048 482 / 472 us
-    (16 waves: off).
+    (16 waves: off). Only the sm_90 "tma" family reads the flag; the tcgen05 "tc_long" kernel (never
+    run here) keeps its compile-time prefetch of the first sub-tiles.
     """
-    if not variant.family.uses_tma:
+    if variant.family.name != "tma":
         return False
     if batch * num_kv_heads * splits > sm_count * max(1, ctas_per_sm):
         return False
-    rounds = -(-capacity // variant.tiling.tokens_per_round)
-    return rounds // max(1, splits) >= PREFETCH_MIN_ROUNDS
+    return sub_tile_rounds(variant, capacity) // max(1, splits) >= PREFETCH_MIN_ROUNDS
 

@@ -132,7 +132,8 @@ struct WarpDecoder {
   // SwizzledSmemChunks (LDSM_V) or a GlobalChunks (!LDSM_V), see below. `len` is the (clamped)
   // valid length: tokens >= len are masked and their V rows zeroed.
   // Global sources always take the masked code: it has no branch on `len`, so the K and V loads
-  // (bounded by the capacity, not the length) are issued before the length arrives.
+  // (bounded by the capacity, not the length) are issued before the length arrives. D = 256 also
+  // keeps one (masked) copy: a second copy of its step pushes the 16-row variants into spills.
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
     if (!LDSM_V || D == 256 || tok0 + TOK > len)  // warp-uniform
@@ -403,7 +404,6 @@ struct GlobalChunks {
 //     with the 128B swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B, and the
 //     cp.async kernel writes by hand). Read by a WarpDecoder with LDSM_V = true through its
 //     precomputed per-lane offsets (K: 16-byte loads, V: ldmatrix.x4.trans).
-template <int D, int TOK>
 struct SwizzledSmemChunks {
   const u8* base;  // 1024-byte aligned
 };

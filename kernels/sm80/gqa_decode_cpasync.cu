@@ -81,7 +81,7 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
   for (int i = 0; i < count; ++i) {
     cp_async_wait<STAGES - 1>();
     __syncwarp();
-    SwizzledSmemChunks<D, TOK> src{ring + (size_t)(i % STAGES) * SLOT_BYTES};
+    SwizzledSmemChunks src{ring + (size_t)(i % STAGES) * SLOT_BYTES};
     dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
     __syncwarp();
     if (i + STAGES < count) issue(i + STAGES);

@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     const int slot = i % STAGES;
     mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)(((i / STAGES) + (slot < shifted ? 1 : 0)) & 1));
     if (i == 0) GQA_MARK(args, 3);
-    SwizzledSmemChunks<D, TOK> src{ring + (size_t)slot * SLOT_BYTES};
+    SwizzledSmemChunks src{ring + (size_t)slot * SLOT_BYTES};
     dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
     __syncwarp();
     if (lane == 0 && i + STAGES < count) {
