@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = {
     "base": {},
     "evictfirst": {"GQADRV_L2_EVICT_FIRST": "1"},
+    "evictnormal": {"GQADRV_L2_EVICT_FIRST": "0"},
     "t32s3": {"GQADRV_TILING": "4,32,3"},
     "t64s1": {"GQADRV_TILING": "4,64,1"},
     "t64s2": {"GQADRV_TILING": "4,64,2"},

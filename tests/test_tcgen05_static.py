@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from gqadrv.gqa import routes as rt
 from gqadrv.gqa import tcgen05_family as tcf
 from gqadrv.runtime.cache import CubinCache
 from gqadrv.runtime.compiler import CompileError, arch_number, compile_module, kernels_root, nvrtc_supported_archs
@@ -187,7 +188,10 @@ def test_entry_points_and_signatures():
         assert f"constexpr int NTHREADS = {tcf.TC_TILINGS[(fam, 128)][0]};" in src
         # the CTA <-> (batch, KV head, split) mapping and the sub-tile partition come from gqa_cta.cuh
         assert "make_schedule(args, TOK)" in src
-        assert "cta_epilogue<DT, D, ROWS, 1, NTHREADS>(args, sc, smem, &s_ticket);" in src
+        # only the splittable family compiles the split merger (routes.Family.splittable)
+        splits = "" if fam == "tc_long" else ", false"
+        assert f"cta_epilogue<DT, D, ROWS, 1, NTHREADS{splits}>(args, sc, smem, &s_ticket);" in src
+        assert rt.FAMILIES[fam].splittable == (fam == "tc_long")
         assert "tmem_dealloc(tmem, tc::TMEM_COLS)" in src and "tmem_alloc(smem_u32(&s_tmem), tc::TMEM_COLS)" in src
 
 

@@ -61,13 +61,15 @@ GQADRV_DEVICE void capacity_split(const GqaArgs& a, int tok_per_sub, int split, 
   end = split_point(nsub, split + 1, a.num_splits);
 }
 
-GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
+// `raw` = a.lengths[b] for this CTA's request (b = blockIdx.x / num_splits / hkv), loaded by the
+// caller: a kernel that floods the memory system with speculative loads reads it first, so that
+// the one load the schedule depends on is not queued behind them.
+GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub, int raw) {
   CtaSchedule s;
   s.split = blockIdx.x % a.num_splits;
   s.bh = blockIdx.x / a.num_splits;
   s.b = s.bh / a.hkv;
   s.kvh = s.bh - s.b * a.hkv;
-  const int raw = a.lengths[s.b];
   s.raw_len = raw;
   s.len = raw < 0 ? 0 : (raw > a.capacity ? a.capacity : raw);
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
@@ -80,6 +82,10 @@ GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
     s.sub_end = split_point(nsub, s.split + 1, a.num_splits);
   }
   return s;
+}
+
+GQADRV_DEVICE CtaSchedule make_schedule(const GqaArgs& a, int tok_per_sub) {
+  return make_schedule(a, tok_per_sub, a.lengths[(int)blockIdx.x / a.num_splits / a.hkv]);
 }
 
 // Shared-memory layout of W softmax states: {m, l} per (state, row), then ROWS rows of D numerators
@@ -129,15 +135,16 @@ GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
 // Merge the W softmax states in `area` (W = states, e.g. one per warp), then either store the
 // normalised output (one split) or this split's partial and take part in the last-CTA merge. Must
 // be called by all NTHREADS threads of the CTA after a __syncthreads() that follows every
-// store_state(). NTHREADS defaults to one warp per state.
-template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32>
+// store_state(). NTHREADS defaults to one warp per state. Kernels whose route never splits
+// (num_splits == 1 always, routes.Family.splittable) pass SPLITS = false: no merge is compiled.
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
 GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
   using MA = MergeArea<D, ROWS, W>;
   constexpr int D8 = D / 8;
   const int tid = threadIdx.x;
   const int group = a.group;
   const int items = group * D8;
-  const int S = a.num_splits;
+  const int S = SPLITS ? a.num_splits : 1;
   const long long out_row0 = (long long)sc.b * a.hkv * group + (long long)sc.kvh * group;
 #if !GQA_TRACE
   // Status word, written here (after every input load was issued) so no store precedes the loads.

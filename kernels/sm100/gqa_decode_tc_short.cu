@@ -175,5 +175,5 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gqa_decode_tc_short(const
     tc_fence_after_thread_sync();
     tmem_dealloc(tmem, tc::TMEM_COLS);  // the allocating warp, on every path
   }
-  cta_epilogue<DT, D, ROWS, 1, NTHREADS>(args, sc, smem, &s_ticket);
+  cta_epilogue<DT, D, ROWS, 1, NTHREADS, false>(args, sc, smem, &s_ticket);
 }

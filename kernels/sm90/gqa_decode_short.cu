@@ -51,5 +51,5 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), args.group);
   __syncthreads();
   GQA_MARK(args, 5);
-  cta_epilogue<DT, D, ROWS, W>(args, sc, smem, &s_ticket);
+  cta_epilogue<DT, D, ROWS, W, W * 32, false>(args, sc, smem, &s_ticket);
 }

@@ -104,6 +104,40 @@ def test_graph_replay_with_lengths_updated_in_place(api, shape, backend):
         check(cp.asnumpy(o).astype(np.float64), ref, shape[5], f"graph {api}")
 
 
+@pytest.mark.parametrize("backend", [None, "portable"])
+@pytest.mark.parametrize("shape,splits", [
+    ((1, 1024, 32, 8, 128, "float16"), 2),
+    ((2, 4096, 32, 8, 128, "float16"), 64),   # 64 splits: 16 lanes per item in the merge
+    ((3, 2000, 32, 2, 256, "bfloat16"), 7),   # group 16, D 256
+    ((2, 1000, 48, 3, 64, "bfloat16"), 33),   # group 16, odd split count
+    ((1, 300, 16, 16, 64, "float16"), 5),     # group 1
+], ids=lambda v: f"B{v[0]}C{v[1]}h{v[2]}/{v[3]}d{v[4]}{v[5][:2]}" if isinstance(v, tuple) else f"S{v}")
+def test_split_merge_resets_its_counters_every_launch(shape, splits, backend):
+    """After every split launch the arrival counters are back at zero, whatever the lengths (empty
+    splits, len <= 0, len > C), and the output (NaN-filled before each launch) is fully written:
+    the next launch's last-CTA merge can never be skipped or run twice."""
+    import cupy as cp
+
+    import gqadrv
+
+    q, kv, dq, dkv, dlen = make(shape, seed=splits)
+    B, C = shape[0], shape[1]
+    o = cp.empty_like(dq)
+    p = gqadrv.prepare_gqa_decode(Q=dq, KV=dkv, O=o, sequence_lengths=dlen, num_splits=splits, backend=backend)
+    assert p.num_splits == splits
+    counters = p._keep[4].arrays[2]
+    states = length_states(B, C, n=10) + [np.full(B, -3, np.int32), np.full(B, C + 5, np.int32)]
+    for lens in states:
+        dlen.set(lens)
+        for _ in range(2):
+            o.view(cp.uint16).fill(0xFFFF)  # NaN in fp16 and bf16
+            gqadrv.launch_prepared(p)
+            cp.cuda.Device().synchronize()
+            assert int(cp.count_nonzero(counters)) == 0, f"lengths {lens.tolist()}"
+            ref = gqa_decode_reference(q.astype(np.float64), kv, lens)
+            check(cp.asnumpy(o).astype(np.float64), ref, shape[5], "split merge")
+
+
 def test_two_streams_with_separate_prepared_objects():
     import cupy as cp
 
