@@ -10,11 +10,13 @@
 // Smem map   [0, W*STAGES*SLOT)  ring; slot = K then V of one sub-tile, each D/64 boxes of
 //                                TOK rows x 128 B, 128B-swizzled (1024-byte aligned)
 //            after the loop the same bytes hold the per-warp states (MergeArea) and then the
-//            split-merge scratch; mbarriers full[W][STAGES] are static shared memory.
+//            split-merge scratch; mbarriers full[W][STAGES] and the query rows s_q[ROWS][D]
+//            (cp.async, padding rows zero-filled) are static shared memory.
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*D/64 TMA boxes complete it;
 //            parity = (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by the same
 //            lane 0 after __syncwarp + fence.proxy.async (its readers are its own warp).
-//            __syncthreads before the warp-state merge; split ticket: see gqa_cta.cuh.
+//            __syncthreads once Q has landed (cp.async.wait_group 0), before the warp-state merge;
+//            split ticket: see gqa_cta.cuh.
 // L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
 //            prefetches into L2 the first STAGES sub-tiles it would own if len == C, when the host
 //            sets GQA_FLAG_L2_PREFETCH (one wave of long streams; GQA_PREFETCH=0 compiles it out);
@@ -42,6 +44,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   extern __shared__ __align__(1024) u8 smem[];
   __shared__ __align__(8) u64 full_bar[W][STAGES];
   __shared__ u32 s_ticket;
+  __shared__ __align__(16) u16 s_q[ROWS * D];  // this CTA's query rows, padding rows zero
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
@@ -80,15 +83,17 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   // The length and Q are requested before the speculative ring fill: issued after it, they queue
   // behind up to STAGES sub-tiles per warp of TMA traffic and every warp's first step waits for
   // them (traced on the H200, B1 C4096: length known at 2.4 us after the CTA starts instead of 0.9
-  // hot, 6.5 instead of 1.0 cold).
+  // hot, 6.5 instead of 1.0 cold). Q goes to shared memory with cp.async (padding rows
+  // zero-filled): loaded into registers here, the moves into MMA operand registers that ptxas
+  // places right after the load would hold the ring fill back for a full Q round trip.
   const int raw_len = args.lengths[b0];
-  WarpDecoder<DT, D, ROWS, TOK, true> dec;
-  dec.init(lane);
   {
-    const int g = lane >> 2;
     const u16* qb = args.q + ((long long)b0 * args.hkv + kvh0) * args.group * D;
-    dec.load_q(g < args.group ? qb + g * D : nullptr,
-               (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
+    for (int i = threadIdx.x; i < ROWS * D / 8; i += W * 32) {
+      const int row = i / (D / 8);
+      cp_async_16(smem_u32(s_q + 8 * i), qb + (row < args.group ? 8 * i : 0), row < args.group ? 16u : 0u);
+    }
+    cp_async_commit();
   }
 
   // ---- speculative ring fill: the sub-tiles this warp owns under the capacity-based split (exact
@@ -112,6 +117,14 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
   GQA_MARK(args, 2);
+  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  dec.init(lane);
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's Q chunks are in s_q
+  {
+    const int g = lane >> 2;
+    dec.load_q(s_q + g * D, ROWS == 16 ? s_q + (g + 8) * D : nullptr);
+  }
   const int first = sc.sub_begin + warp;
   const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
   // Keep the speculative loads when this warp's first sub-tile matches (then every kept load is
