@@ -398,19 +398,6 @@ struct GlobalChunks {
     U32x4 z = {0u, 0u, 0u, 0u};
     return r < valid_rows ? *reinterpret_cast<const U32x4*>(v_rows + (long long)r * row_elems + 8 * c) : z;
   }
-  // Prefetch the first `rows` V rows into L1, one 128-byte line per lane and pass. ptxas issues the
-  // V loads of a step late (after the QK MMAs, i.e. after K and Q have arrived); with the lines
-  // already requested, that second round trip is an L1 hit.
-  // (ROWS rows of D = row_elems elements, both compile-time, so the loop costs a few instructions.)
-  template <int ROWS_, int D_>
-  GQADRV_DEVICE void prefetch_v(int lane) const {
-    constexpr int LINES = D_ / 64;  // 128-byte lines per row
-#pragma unroll
-    for (int i = lane; i < ROWS_ * LINES; i += 32) {
-      const int r = i / LINES;
-      if (r < valid_rows) prefetch_l1(v_rows + r * D_ + 64 * (i % LINES));
-    }
-  }
 };
 
 // (2) A shared-memory slot holding K then V of one sub-tile, each as D/64 boxes of TOK rows x 128 B

@@ -124,8 +124,6 @@ GQADRV_DEVICE void ldsm_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }
-// Bring the 128-byte line of `p` into L1 (a hint: no register result, nothing to wait for).
-GQADRV_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p) : "memory"); }
 GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
   U32x4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

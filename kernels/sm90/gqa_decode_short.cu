@@ -42,7 +42,6 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
     const long long vbase = (((long long)sc.b * 2 + 1) * args.hkv + sc.kvh) * plane;
     GlobalChunks src{args.kv + kbase + (long long)tok0 * D, args.kv + vbase + (long long)tok0 * D, D,
                      args.capacity - tok0};
-    src.prefetch_v<TOK, D>(lane);
     dec.step(src, tok0, sc.len, args.scale_log2);
   }
   pdl_launch_dependents();
