@@ -63,12 +63,12 @@ class Family:
     signature: Signature
     uses_tma: bool
     splittable: bool
-    ring: bool                # pipelined ring in dynamic smem
+    ring: bool                # K/V slots in dynamic smem (a pipelined ring, or one slot per warp)
 
 
 FAMILIES: dict[str, Family] = {
     "short": Family("short", "sm90/gqa_decode_short.cu", "gqa_decode_short",
-                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, False),
+                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, True),
     "tma": Family("tma", "sm90/gqa_decode_tma.cu", "gqa_decode_tma",
                   ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True),
     "portable": Family("portable", "sm80/gqa_decode_cpasync.cu", "gqa_decode_cpasync",

@@ -407,3 +407,33 @@ struct GlobalChunks {
 struct SwizzledSmemChunks {
   const u8* base;  // 1024-byte aligned
 };
+
+// Fill a slot of layout (2) with rows [tok0, tok0 + TOK) of a K and a V plane (row stride D
+// elements) by cp.async, 16 bytes per lane per copy: no register result, so nothing waits until
+// cp.async.wait_group. Rows >= limit are zero-filled without reading global memory.
+template <int TOK, int D>
+GQADRV_DEVICE void copy_tile_cp_async(u32 slot, const u16* kbase, const u16* vbase, int tok0, int limit, int lane) {
+  constexpr int NB = D / 64, CHUNKS = TOK * NB * 8;  // 16-byte chunks of K (or V)
+#pragma unroll
+  for (int k = 0; k < CHUNKS / 32; ++k) {
+    const int idx = lane + 32 * k;
+    const int r = idx / (NB * 8), c = idx - r * (NB * 8);
+    const bool ok = tok0 + r < limit;
+    const long long off = ok ? (long long)(tok0 + r) * D + 8 * c : 0;
+    const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+    cp_async_16(dst, kbase + off, ok ? 16u : 0u);
+    cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+  }
+}
+
+// Copy the ROWS x D query rows of a (batch, KV head) into shared memory by cp.async, rows >= group
+// zero-filled (all NTHREADS threads of the CTA take part; read after wait_group + __syncthreads).
+// Loaded into registers instead, Q is moved into MMA operand registers right after its load, and
+// those moves hold back every later instruction, loads included, for a full round trip.
+template <int ROWS, int D, int NTHREADS>
+GQADRV_DEVICE void stage_q_cp_async(u16* s_q, const u16* q_rows, int group) {
+  for (int i = threadIdx.x; i < ROWS * D / 8; i += NTHREADS) {
+    const bool ok = i / (D / 8) < group;
+    cp_async_16(smem_u32(s_q + 8 * i), q_rows + (ok ? 8 * i : 0), ok ? 16u : 0u);
+  }
+}

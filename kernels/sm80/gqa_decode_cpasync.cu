@@ -17,9 +17,7 @@
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
               STAGES = GQA_STAGES;
-constexpr int NB = D / 64;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
-constexpr int CHUNKS_PER_PLANE = TOK * NB * 8;  // 16-byte chunks of K (or V) in one sub-tile
 }  // namespace
 
 // Register budget: min-blocks 1 lets ptxas use up to 255 registers; for D = 256 ptxas (NVRTC 13.0)
@@ -49,18 +47,8 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
   const u16* vbase = args.kv + (((long long)sc.b * 2 + 1) * args.hkv + sc.kvh) * plane;
 
   auto issue = [&](int i) {
-    const u32 slot = smem_u32(ring + (size_t)(i % STAGES) * SLOT_BYTES);
-    const int tok0 = (first + i * W) * TOK;
-#pragma unroll
-    for (int k = 0; k < CHUNKS_PER_PLANE / 32; ++k) {
-      const int idx = lane + 32 * k;
-      const int r = idx / (NB * 8), c = idx - r * (NB * 8);
-      const bool ok = tok0 + r < sc.len;
-      const long long off = ok ? (long long)(tok0 + r) * D + 8 * c : 0;
-      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
-      cp_async_16(dst, kbase + off, ok ? 16u : 0u);
-      cp_async_16(dst + SLOT_BYTES / 2, vbase + off, ok ? 16u : 0u);
-    }
+    copy_tile_cp_async<TOK, D>(smem_u32(ring + (size_t)(i % STAGES) * SLOT_BYTES), kbase, vbase,
+                               (first + i * W) * TOK, sc.len, lane);
   };
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) {

@@ -83,18 +83,10 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   // The length and Q are requested before the speculative ring fill: issued after it, they queue
   // behind up to STAGES sub-tiles per warp of TMA traffic and every warp's first step waits for
   // them (traced on the H200, B1 C4096: length known at 2.4 us after the CTA starts instead of 0.9
-  // hot, 6.5 instead of 1.0 cold). Q goes to shared memory with cp.async (padding rows
-  // zero-filled): loaded into registers here, the moves into MMA operand registers that ptxas
-  // places right after the load would hold the ring fill back for a full Q round trip.
+  // hot, 6.5 instead of 1.0 cold). Q goes to shared memory with cp.async (see stage_q_cp_async).
   const int raw_len = args.lengths[b0];
-  {
-    const u16* qb = args.q + ((long long)b0 * args.hkv + kvh0) * args.group * D;
-    for (int i = threadIdx.x; i < ROWS * D / 8; i += W * 32) {
-      const int row = i / (D / 8);
-      cp_async_16(smem_u32(s_q + 8 * i), qb + (row < args.group ? 8 * i : 0), row < args.group ? 16u : 0u);
-    }
-    cp_async_commit();
-  }
+  stage_q_cp_async<ROWS, D, W * 32>(s_q, args.q + ((long long)b0 * args.hkv + kvh0) * args.group * D, args.group);
+  cp_async_commit();
 
   // ---- speculative ring fill: the sub-tiles this warp owns under the capacity-based split (exact
   // whenever len >= 3C/4, see make_schedule), issued before the length is known.
