@@ -24,6 +24,8 @@ CONFIGS = {
     "w8t32s1": {"GQADRV_TILING": "8,32,1"},
     "t16s2": {"GQADRV_TILING": "4,16,2"},
     "portable": {"GQADRV_BACKEND": "portable"},
+    "short2x32": {"GQADRV_SHORT_TILING": "2,32"},
+    "short1x64": {"GQADRV_SHORT_TILING": "1,64"},
 }
 SHAPES = ["1,64,[1]", "4,256,[64;127;191;256]", "1,1024,[1024]", "1,4096,[3968]", "1,32768", "16,4096",
           "64,4096", "256,2048"]
