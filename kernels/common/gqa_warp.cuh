@@ -12,22 +12,17 @@
 // permuted per lane such that every lane reads whole 16-byte chunks (8 elements) of a K row:
 //   K/Q chunk read by lane quad t (= lane % 4) in k-step pair p:  c = 2t + (p & 1) + 8 (p >> 1)
 //   (chunks 2t and 2t+1 of a 128-byte swizzle row never share a bank group: conflict-free)
-// V (P.V), two sources:
-//   * shared memory (SwizzledSmemChunks: the TMA / cp.async ring, 128B-swizzled): one
-//     ldmatrix.x4.trans per (16 tokens, 16 head-dim columns) yields the B fragments of two O
-//     n-tiles; O n-tile j holds head-dim columns 8j..8j+7 (LDSM_V = true).
-//   * global memory (GlobalChunks, the short kernel): every lane reads whole 16-byte chunks of V
-//     rows and re-pairs tokens with prmt; the token order inside P.V and the output column order
-//     are permuted such that this works without a transpose (LDSM_V = false):
-//       V chunk read by lane group n (= lane / 4):                     c = 8 box + n
-//       O n-tile j, column n  <->  head-dim element 64 (j / 8) + 8 n + (j % 8)
+// V (P.V) from the same 128B-swizzled shared-memory slot (SwizzledSmemChunks, written by TMA or
+// cp.async): one ldmatrix.x4.trans per (16 tokens, 16 head-dim columns) yields the B fragments of
+// two O n-tiles; O n-tile j holds head-dim columns 8j..8j+7.
 // Shared-memory addresses are per-lane offsets computed once (init) plus compile-time constants,
-// so the inner loop has no address arithmetic. On the shared-memory path, full sub-tiles
-// (tok0 + TOK <= len, warp-uniform) run a copy of the step without any masking.
+// so the inner loop has no address arithmetic. Full sub-tiles (tok0 + TOK <= len, warp-uniform)
+// run a copy of the step without any masking.
 //
 // Softmax state (running max m and partial sum l, both per row) lives in registers; l is kept per
-// lane and reduced across the quad once at the end. Positions >= len get score -inf, and V rows
-// >= len are zeroed in registers before P.V, so NaN/Inf stored in padding never reaches O.
+// lane and reduced across the quad once at the end. Positions >= len get score -inf, and the V
+// halves of tokens >= len are zeroed in the ldmatrix fragments before P.V, so NaN/Inf stored in
+// padding never reaches O.
 #pragma once
 #include "ptx.cuh"
 
@@ -46,7 +41,7 @@ struct StateLayout {
   static constexpr int STRIDE = D + 8;
 };
 
-template <int DT, int D, int ROWS, int TOK, bool LDSM_V = false>
+template <int DT, int D, int ROWS, int TOK>
 struct WarpDecoder {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(ROWS == 8 || ROWS == 16, "rows");
@@ -86,7 +81,7 @@ struct WarpDecoder {
 
   static GQADRV_DEVICE int k_chunk(int p, int t) { return 2 * t + (p & 1) + 8 * (p >> 1); }
   // head-dim element of O n-tile j, column n
-  static GQADRV_DEVICE int o_dim(int j, int n) { return LDSM_V ? 8 * j + n : 64 * (j >> 3) + 8 * n + (j & 7); }
+  static GQADRV_DEVICE int o_dim(int j, int n) { return 8 * j + n; }
 
   GQADRV_DEVICE void init(int lane_id) {
     lane = lane_id;
@@ -128,15 +123,13 @@ struct WarpDecoder {
       mma_16816<DT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
   }
 
-  // Process one sub-tile of TOK tokens starting at absolute token `tok0`. `src` is a
-  // SwizzledSmemChunks (LDSM_V) or a GlobalChunks (!LDSM_V), see below. `len` is the (clamped)
-  // valid length: tokens >= len are masked and their V rows zeroed.
-  // Global sources always take the masked code: it has no branch on `len`, so the K and V loads
-  // (bounded by the capacity, not the length) are issued before the length arrives. D = 256 also
-  // keeps one (masked) copy: a second copy of its step pushes the 16-row variants into spills.
+  // Process one sub-tile of TOK tokens starting at absolute token `tok0`; `src` is a
+  // SwizzledSmemChunks (below). `len` is the (clamped) valid length: tokens >= len are masked and
+  // their V rows zeroed. D = 256 keeps one (masked) copy of the step: a second copy pushes the
+  // 16-row variants into spills.
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
-    if (!LDSM_V || D == 256 || tok0 + TOK > len)  // warp-uniform
+    if (D == 256 || tok0 + TOK > len)  // warp-uniform
       step_impl<true>(src, tok0, len, scale_log2);
     else
       step_impl<false>(src, tok0, len, scale_log2);
@@ -154,7 +147,6 @@ struct WarpDecoder {
   // except for D = 256, where the second set of accumulators would spill.
   template <class Src>
   GQADRV_DEVICE void scores(const Src& src, float (&s)[NT][4]) const {
-    const int t = lane & 3, g = lane >> 2;
     constexpr bool SPLIT_QK = D != 256;
     float s2[NT][4];
 #pragma unroll
@@ -166,12 +158,8 @@ struct WarpDecoder {
     for (int p = 0; p < KP; ++p) {
       U32x4 kc[NT];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if constexpr (LDSM_V)
-          kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
-        else
-          kc[i] = src.k(8 * i + g, k_chunk(p, t));
-      }
+      for (int i = 0; i < NT; ++i)
+        kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
 #pragma unroll
       for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
 #pragma unroll
@@ -270,7 +258,7 @@ struct WarpDecoder {
   // ---- O += P V
   template <bool PARTIAL, class Src>
   GQADRV_DEVICE void accumulate(const Src& src, const float (&s)[NT][4], int tok0, int len) {
-    const int t = lane & 3, g = lane >> 2;
+    const int t = lane & 3;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       const u32 a0 = pack2<DT>(s[2 * ks][0], s[2 * ks][1]);
@@ -281,54 +269,26 @@ struct WarpDecoder {
         a3 = pack2<DT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       }
       const int r0 = 16 * ks + 2 * t;  // this lane's tokens r0, r0+1 (b0) and r0+8, r0+9 (b1)
-      if constexpr (LDSM_V) {
-        // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
-        u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
+      // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
+      u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
+      if constexpr (PARTIAL) {
+        const int tr = tok0 + r0;
+        z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
+        z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
+      }
+      const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
+#pragma unroll
+      for (int q = 0; q < NJ / 2; ++q) {
+        u32 b0, b1, b2, b3;
+        ldsm_x4_trans(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), b0, b1, b2, b3);
         if constexpr (PARTIAL) {
-          const int tr = tok0 + r0;
-          z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
-          z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
+          b0 &= z0;
+          b1 &= z1;
+          b2 &= z0;
+          b3 &= z1;
         }
-        const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
-#pragma unroll
-        for (int q = 0; q < NJ / 2; ++q) {
-          u32 b0, b1, b2, b3;
-          ldsm_x4_trans(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), b0, b1, b2, b3);
-          if constexpr (PARTIAL) {
-            b0 &= z0;
-            b1 &= z1;
-            b2 &= z0;
-            b3 &= z1;
-          }
-          mma_pv(2 * q, a0, a1, a2, a3, b0, b1);
-          mma_pv(2 * q + 1, a0, a1, a2, a3, b2, b3);
-        }
-      } else {
-#pragma unroll
-        for (int box = 0; box < NB; ++box) {
-          U32x4 v0 = src.v(r0, 8 * box + g);
-          U32x4 v1 = src.v(r0 + 1, 8 * box + g);
-          U32x4 v2 = src.v(r0 + 8, 8 * box + g);
-          U32x4 v3 = src.v(r0 + 9, 8 * box + g);
-          if constexpr (PARTIAL) {
-            const U32x4 z = {0u, 0u, 0u, 0u};
-            const int tr = tok0 + r0;
-            if (tr >= len) v0 = z;
-            if (tr + 1 >= len) v1 = z;
-            if (tr + 8 >= len) v2 = z;
-            if (tr + 9 >= len) v3 = z;
-          }
-          const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
-          const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
-          const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
-          const u32 w3[4] = {v3.x, v3.y, v3.z, v3.w};
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const int j0 = 8 * box + 2 * w;
-            mma_pv(j0, a0, a1, a2, a3, pack_lo(w0[w], w1[w]), pack_lo(w2[w], w3[w]));
-            mma_pv(j0 + 1, a0, a1, a2, a3, pack_hi(w0[w], w1[w]), pack_hi(w2[w], w3[w]));
-          }
-        }
+        mma_pv(2 * q, a0, a1, a2, a3, b0, b1);
+        mma_pv(2 * q + 1, a0, a1, a2, a3, b2, b3);
       }
     }
   }
@@ -361,54 +321,24 @@ struct WarpDecoder {
     }
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-      const int d0 = o_dim(j, 2 * t), d1 = o_dim(j, 2 * t + 1);
-      if constexpr (LDSM_V) {  // d1 == d0 + 1: one 64-bit store per row
-        if (lo_ok) *reinterpret_cast<F32x2*>(os + g * ST + d0) = F32x2{o[j][0], o[j][1]};
-        if constexpr (R16) {
-          if (hi_ok) *reinterpret_cast<F32x2*>(os + (g + 8) * ST + d0) = F32x2{o[j][2], o[j][3]};
-        }
-      } else {
-        if (lo_ok) {
-          os[g * ST + d0] = o[j][0];
-          os[g * ST + d1] = o[j][1];
-        }
-        if constexpr (R16) {
-          if (hi_ok) {
-            os[(g + 8) * ST + d0] = o[j][2];
-            os[(g + 8) * ST + d1] = o[j][3];
-          }
-        }
+      const int d0 = o_dim(j, 2 * t);  // columns d0, d0 + 1: one 64-bit store per row
+      if (lo_ok) *reinterpret_cast<F32x2*>(os + g * ST + d0) = F32x2{o[j][0], o[j][1]};
+      if constexpr (R16) {
+        if (hi_ok) *reinterpret_cast<F32x2*>(os + (g + 8) * ST + d0) = F32x2{o[j][2], o[j][3]};
       }
     }
   }
 };
 
-// Sources of K and V for WarpDecoder::step.
-// (1) Global memory, rows predicated on the valid length (tokens >= len are never read).
-struct GlobalChunks {
-  const u16* __restrict__ k_rows;  // row 0 of the sub-tile
-  const u16* __restrict__ v_rows;
-  int row_elems;              // D
-  int valid_rows;             // rows < valid_rows are read, others are zero
-  GQADRV_DEVICE U32x4 k(int r, int c) const {
-    U32x4 z = {0u, 0u, 0u, 0u};
-    return r < valid_rows ? *reinterpret_cast<const U32x4*>(k_rows + (long long)r * row_elems + 8 * c) : z;
-  }
-  GQADRV_DEVICE U32x4 v(int r, int c) const {
-    U32x4 z = {0u, 0u, 0u, 0u};
-    return r < valid_rows ? *reinterpret_cast<const U32x4*>(v_rows + (long long)r * row_elems + 8 * c) : z;
-  }
-};
-
-// (2) A shared-memory slot holding K then V of one sub-tile, each as D/64 boxes of TOK rows x 128 B
-//     with the 128B swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B, and the
-//     cp.async kernel writes by hand). Read by a WarpDecoder with LDSM_V = true through its
-//     precomputed per-lane offsets (K: 16-byte loads, V: ldmatrix.x4.trans).
+// Source of K and V for WarpDecoder::step: a shared-memory slot holding K then V of one sub-tile,
+// each as D/64 boxes of TOK rows x 128 B with the 128B swizzle (the layout TMA writes with
+// CU_TENSOR_MAP_SWIZZLE_128B, and the cp.async copies below write by hand). Read by a
+// WarpDecoder through its precomputed per-lane offsets (K: 16-byte loads, V: ldmatrix.x4.trans).
 struct SwizzledSmemChunks {
   const u8* base;  // 1024-byte aligned
 };
 
-// Fill a slot of layout (2) with rows [tok0, tok0 + TOK) of a K and a V plane (row stride D
+// Fill a slot of this layout with rows [tok0, tok0 + TOK) of a K and a V plane (row stride D
 // elements) by cp.async, 16 bytes per lane per copy: no register result, so nothing waits until
 // cp.async.wait_group. Rows >= limit are zero-filled without reading global memory.
 template <int TOK, int D>

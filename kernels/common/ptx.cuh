@@ -83,16 +83,6 @@ GQADRV_DEVICE void unpack2<1>(u32 v, float& lo, float& hi) {
   hi = __int_as_float((int)(v & 0xffff0000u));
 }
 
-// Byte permute: select 16-bit halves of two registers.
-GQADRV_DEVICE u32 prmt(u32 a, u32 b, u32 sel) {
-  u32 r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-// {lo16(a), lo16(b)} and {hi16(a), hi16(b)}
-GQADRV_DEVICE u32 pack_lo(u32 a, u32 b) { return prmt(a, b, 0x5410u); }
-GQADRV_DEVICE u32 pack_hi(u32 a, u32 b) { return prmt(a, b, 0x7632u); }
-
 // D += A(16x16, row) * B(16x8, col), fp32 accumulate. DT 0 = fp16, 1 = bf16. Not volatile: a pure
 // register computation, so the compiler may interleave independent accumulator chains.
 template <int DT>

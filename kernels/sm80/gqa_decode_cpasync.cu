@@ -56,7 +56,7 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
     cp_async_commit();
   }
 
-  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  WarpDecoder<DT, D, ROWS, TOK> dec;
   dec.init(lane);
   {
     const int g = lane >> 2;

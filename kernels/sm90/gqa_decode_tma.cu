@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
   GQA_MARK(args, 2);
-  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  WarpDecoder<DT, D, ROWS, TOK> dec;
   dec.init(lane);
   cp_async_wait<0>();
   __syncthreads();  // every thread's Q chunks are in s_q
