@@ -199,6 +199,20 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   GQA_MARK(a, 6);
   if (S == 1) return;
 
+  // Merge geometry: P lanes per (row, 8 dims) item, P a power of two, as many as the CTA's threads
+  // allow, at most 16 and at most S. Lane j of an item merges splits j, j + P, ... with an online
+  // rescale, loading {m, l} and the 8 partial values of BATCH of its splits at a time (independent
+  // L2 loads in flight: usually every split of the item in one round trip); the P lane states are
+  // then combined with a butterfly of shuffles and lane 0 stores. Shifts and pointer increments
+  // only: no integer division between the ticket and the loads (there were three).
+  constexpr int BATCH = 8;
+  int lp = 0;  // log2(P)
+  while (lp < 4 && (2 << lp) <= S && items * (2 << lp) <= NTHREADS) ++lp;
+  const int P = 1 << lp, per_pass = NTHREADS >> lp, lane_j = tid & (P - 1);
+  const long long ml_step = 2LL * P * group, po_step = (long long)P * group * D;  // floats per j
+  const float* ml_lane = a.ws_ml + ((long long)sc.bh * S + lane_j) * group * 2;
+  const float* po_lane = a.ws_o + ((long long)sc.bh * S + lane_j) * group * D;
+
   // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
   // The CTA barrier orders every thread's partial stores before thread 0's release (the acq_rel
   // ticket); the last CTA's acquire (same atomic) plus the barrier below order its L2-only loads.
@@ -208,38 +222,29 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   GQA_MARK(a, 7);
   if (*s_ticket != (u32)(S - 1)) return;
 
-  // Last CTA: P lanes per (row, 8 dims) item (P a power of two, as many as the CTA's threads allow,
-  // at most 16 and at most S); lane j merges splits j, j + P, ... with an online rescale, loading
-  // {m, l} and the 8 partial values of BATCH of its splits at a time (independent L2 loads in
-  // flight: usually every split of the item in one round trip), then the P lane states are combined
-  // with a butterfly of shuffles and lane 0 stores.
-  const float* ml = a.ws_ml + (long long)sc.bh * S * group * 2;
-  const float* po = a.ws_o + (long long)sc.bh * S * group * D;
-  constexpr int BATCH = 8;
-  int P = 1;
-  while (2 * P <= 16 && 2 * P <= S && items * 2 * P <= NTHREADS) P *= 2;
-  const int per_pass = NTHREADS / P, passes = (items + per_pass - 1) / per_pass;  // CTA-uniform
-  const int lane_j = tid % P;
-  for (int pass = 0; pass < passes; ++pass) {
-    const int it = pass * per_pass + tid / P;
+  for (int base = 0; base < items; base += per_pass) {  // CTA-uniform trip count
+    const int it = base + (tid >> lp);
     const int row = it / D8, d0 = (it - row * D8) * 8;
     ItemState st{neg_inf(), 0.f, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
+    const float* mlp = ml_lane + 2 * row;
+    const float* pop = po_lane + row * D + d0;
     for (int s0 = lane_j; it < items && s0 < S; s0 += BATCH * P) {
+      const int nj = (S - s0 + P - 1) >> lp;  // splits s0, s0 + P, ... below S (>= 1)
       float v[BATCH][8], ms[BATCH], ls[BATCH];
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
-        if (s0 + j * P < S) {
-          const long long slot = (long long)(s0 + j * P) * group + row;
-          ms[j] = ld_cg_f32(ml + 2 * slot);
-          ls[j] = ld_cg_f32(ml + 2 * slot + 1);
-          ld_cg_f32x4(po + slot * D + d0, v[j][0], v[j][1], v[j][2], v[j][3]);
-          ld_cg_f32x4(po + slot * D + d0 + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
+        if (j < nj) {
+          ld_cg_f32x2(mlp + j * ml_step, ms[j], ls[j]);
+          ld_cg_f32x4(pop + j * po_step, v[j][0], v[j][1], v[j][2], v[j][3]);
+          ld_cg_f32x4(pop + j * po_step + 4, v[j][4], v[j][5], v[j][6], v[j][7]);
         }
       }
+      mlp += BATCH * ml_step;
+      pop += BATCH * po_step;
       float bm = st.m;
 #pragma unroll
       for (int j = 0; j < BATCH; ++j)
-        if (s0 + j * P < S) bm = fmaxf(bm, ms[j]);
+        if (j < nj) bm = fmaxf(bm, ms[j]);
       if (bm == neg_inf()) continue;  // every split so far is empty
       const float r = fast_exp2(st.m - bm);  // 0 when st.m == -inf
       st.l *= r;
@@ -247,7 +252,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
       for (int i = 0; i < 8; ++i) st.v[i] *= r;
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
-        if (s0 + j * P < S && ms[j] != neg_inf()) {
+        if (j < nj && ms[j] != neg_inf()) {
           const float w = fast_exp2(ms[j] - bm);
           st.l += w * ls[j];
 #pragma unroll

@@ -123,10 +123,8 @@ GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
 }
 
 // L2-only loads (bypass L1): used for data another CTA wrote during this launch.
-GQADRV_DEVICE float ld_cg_f32(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
+GQADRV_DEVICE void ld_cg_f32x2(const float* p, float& a, float& b) {
+  asm volatile("ld.global.cg.v2.f32 {%0,%1}, [%2];" : "=f"(a), "=f"(b) : "l"(p));
 }
 GQADRV_DEVICE void ld_cg_f32x4(const float* p, float& a, float& b, float& c, float& d) {
   asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"(p));
