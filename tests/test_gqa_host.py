@@ -111,6 +111,22 @@ def test_routing(cc, cap, backend, family):
     assert routes.select_variant(cc, cap, 128, "float16", 4, backend).family.name == family
 
 
+def test_large_batch_rule_prefers_the_portable_route_on_sm90():
+    def fam(ctas, d=128, backend=None, cc=(9, 0), cap=4096):
+        return routes.select_variant(cc, cap, d, "float16", 4, backend, ctas, 132).family.name
+
+    assert fam(128) == "tma"                  # B16 x 8 KV heads: one wave
+    assert fam(263) == "tma"
+    assert fam(264) == "portable"             # two waves of one TMA-route CTA per SM
+    assert fam(512) == "portable"             # B64 x 8
+    assert fam(512, d=256) == "tma" and fam(512, d=64) == "tma"
+    assert fam(512, backend="hopper") == "tma"  # a forced backend wins
+    assert fam(512, cap=64) == "short"
+    assert fam(512, cc=(10, 0)) == "tc_long" and fam(512, cc=(8, 0)) == "portable"
+    assert routes.select_variant((9, 0), 4096, 128, "float16", 4).family.name == "tma"  # no grid size given
+    assert routes.prefers_portable((9, 0), 128, 2 * 132, 132) and not routes.prefers_portable((9, 0), 128, 264, 0)
+
+
 def test_routing_errors(monkeypatch):
     with pytest.raises(RuntimeError, match="compute capability 8.0 or newer"):
         routes.select_variant((7, 5), 100, 128, "float16", 4)

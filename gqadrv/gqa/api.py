@@ -93,11 +93,15 @@ def _tuning_env() -> tuple:
 
 
 def _route(problem: _contract.GqaProblem, backend: str | None) -> tuple[_routes.Variant, _Loaded]:
-    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend, _tuning_env())
+    info = _drv.device_info(problem.device)
+    ctas = problem.batch * problem.num_kv_heads
+    large = _routes.prefers_portable(info.cc, problem.head_dim, ctas, info.sm_count)
+    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend, large,
+           _tuning_env())
     hit = _route_cache.get(key)
     if hit is None:
-        info = _drv.device_info(problem.device)
-        variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend)
+        variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group,
+                                         backend, ctas, info.sm_count)
         hit = (variant, _load(variant, problem.device))
         if len(_route_cache) > 1024:
             _route_cache.clear()
