@@ -214,11 +214,12 @@ def _backend_override(backend: str | None) -> str | None:
 
 
 # On sm_90, grids of at least this many waves of unsplit TMA-route CTAs (one per SM), head dim 128,
-# take the cp.async route unless a backend is forced. Measured on the H200 (docs/RESULTS.md), it
-# streams 1-1.5 % slower than the TMA route inside CUDA graphs with the KV in the same place every
-# call, but 2-6 % faster from a cold L2 (B64 C4096 236.7 vs 234.6 us hot, 249.6 vs 265.0 us cold;
-# B128 C8192 947.7 vs 969.7 and B256 C2048 480.0 vs 496.4 cold), and a decode step of a real model
-# meets its KV cold: every layer reads a different cache, with other kernels' writes in between.
+# take the cp.async route unless a backend is forced. Measured on two kinds of H200 machine
+# (docs/RESULTS.md, table 3), it streams 0.5-2.5 % slower than the TMA route inside CUDA graphs that
+# re-read the same KV, but 2-6 % faster from a cold L2 (B64 C4096: 236.7 vs 235.0 us hot, 249.6 vs
+# 266.1 us cold on one machine; 246.4 vs 245.2 and 256.4 vs 271.1 on the other), and a decode step
+# of a real model meets its KV cold: every layer reads a different cache, with other kernels'
+# writes in between.
 # (The other head dims keep the TMA route: the portable D = 256 ring has a single stage.)
 PORTABLE_MIN_WAVES = 2
 
