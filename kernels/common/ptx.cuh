@@ -46,12 +46,6 @@ GQADRV_DEVICE float fast_exp2(float x) {
   return y;
 }
 
-GQADRV_DEVICE float fast_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Pack two fp32 values into one 32-bit register of two 16-bit floats: `lo` goes to bits 0..15.
 template <int DT>
 GQADRV_DEVICE u32 pack2(float lo, float hi);

@@ -165,9 +165,6 @@ GQADRV_DEVICE u64 tc_smem_desc(u32 smem_addr, u32 lbo_bytes, u32 sbo_bytes, u32 
   return lo | (hi << 32);
 }
 
-// TMEM address = (lane << 16) | column.
-GQADRV_DEVICE u32 tmem_addr(u32 base, u32 lane, u32 col) { return base + (lane << 16) + col; }
-
 // ============================================================================ 3. decode core
 // Geometry shared by both tcgen05 GQA kernels. TOK tokens per sub-tile is fixed by M = 128 of the
 // QK MMA; the N = 16 head columns cover any group size 1..16 (columns >= group are zero-Q padding).
