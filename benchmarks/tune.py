@@ -56,7 +56,7 @@ def main():
         shape = parse_shape(text)
         q, kv, lens = _make_inputs(shape, si)
         small = shape.batch * shape.capacity <= 8192
-        splits = [None] + [int(x) for x in (a.small_splits if small else a.large_splits).split(",")]
+        splits = [None] + [int(x) for x in (a.small_splits if small else a.large_splits).split(",") if x]
         for cname in a.configs.split(","):
             for k in keys:
                 os.environ.pop(k, None)

@@ -1,6 +1,7 @@
 """Where does a decode launch spend its time? Builds the route with GQA_TRACE=1 (globaltimer stamps
 per CTA, see kernels/common/gqa_config.cuh), launches it cold (L2 flushed) and hot (last of 20
-back-to-back launches), and prints stamp statistics relative to the first CTA's first stamp.
+back-to-back launches), and prints stamp statistics (min / median / max over CTAs) relative to the
+first CTA's first stamp.
 
     python tools/trace_decode.py "1,1024,[1024]" "1,4096,[3968]" --splits 8
 Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub-tile in smem (TMA),
@@ -72,7 +73,8 @@ def run(text, splits, flush, cp):
             col = t[:, m]
             col = col[col > 0] - base
             if col.size:
-                rows.append(f"{NAMES[m]}: med {np.median(col) / 1000:.2f} max {col.max() / 1000:.2f}")
+                rows.append(f"{NAMES[m]}: min {col.min() / 1000:.2f} med {np.median(col) / 1000:.2f} "
+                            f"max {col.max() / 1000:.2f}")
         out[mode] = (ms, rows)
     print(f"== {shape.label} route {variant.name} splits {ns} grid {grid[0]} smem {smem} ctas/SM {loaded.ctas_per_sm}")
     for mode, (us, rows) in out.items():

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU call that gathers the evidence of docs/RESULTS.md on a lent H200 (run from the repo root):
+# the GPU test suite, the benchmark with the peers (FlashInfer wheels carried in .whl/), per-CTA
+# traces of the long single-wave rows, a split/route sweep and Nsight Compute on the rows that miss
+# their targets. Summaries go to $OUT (default ./evidence); steps can be picked: tests bench trace tune ncu
+# (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes).
+set -u
+OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} GQADRV_CACHE_DIR=/tmp/gqc CUDA_CACHE_DISABLE=1 \
+       XLA_PYTHON_CLIENT_PREALLOCATE=false
+STEPS=${*:-tests bench trace tune ncu}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --format='%h %s' 2>/dev/null; } > "$OUT/env.txt" 2>&1
+for step in $STEPS; do
+  case $step in
+  tests) python3 -m pytest -q -m gpu --timeout=150 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
+         tail -5 "$OUT/tests.log" > "$OUT/tests.txt"; rm -f "$OUT/tests.log" ;;
+  bench) python3 -m gqadrv bench --no-geometry --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 ;;
+  trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
+  tune)  python3 benchmarks/tune.py --configs base,portable --shapes "1,32768" "1,4096,[3968]" \
+           --small-splits 8,16,31 --large-splits 8,12,16,24,33 --reps 10 > "$OUT/tune.txt" 2>&1 ;;
+  ncu)   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+         for shape in ${NCU_SHAPES:-"1,4096,[3968]" "1,32768" "64,4096"}; do
+           echo "=== $shape"
+           "$NCU" --clock-control none -k regex:gqa_decode --launch-skip 2 --launch-count 1 \
+             --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+             --section SchedulerStats --section WarpStateStats --section LaunchStats \
+             python3 benchmarks/ncu_target.py "$shape" 2>&1 | grep -v "^==PROF==" | grep -E \
+             "gqa_decode|Duration|Throughput|Busy|Eligible|Active Warps|No Eligible|Issued Warp|Block Limit|Achieved Occ|Grid Size|Waves|Stall|cycles|Hit Rate|L2|DRAM"
+         done > "$OUT/ncu.txt" 2>&1 ;;
+  esac
+done
+tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
