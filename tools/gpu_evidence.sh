@@ -5,6 +5,7 @@
 # their targets. Summaries go to $OUT (default ./evidence); steps can be picked: tests bench trace tune ncu
 # (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes).
 set -u
+set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} GQADRV_CACHE_DIR=/tmp/gqc CUDA_CACHE_DISABLE=1 \
        XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -21,7 +22,8 @@ for step in $STEPS; do
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
   tune)  python3 benchmarks/tune.py --configs base,portable --shapes "1,32768" "1,4096,[3968]" \
            --small-splits 8,16,31 --large-splits 8,12,16,24,33 --reps 10 > "$OUT/tune.txt" 2>&1 ;;
-  ncu)   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  ncu)   NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+         if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/ncu.txt"; continue; fi
          for shape in ${NCU_SHAPES:-"1,4096,[3968]" "1,32768" "64,4096"}; do
            echo "=== $shape"
            "$NCU" --clock-control none -k regex:gqa_decode --launch-skip 2 --launch-count 1 \

@@ -71,7 +71,7 @@ def run(text, splits, flush, cp):
         rows = []
         for m in (0, 1, 2, 3, 4, 5, 6, 7, 9, 8):
             col = t[:, m]
-            col = col[col > 0] - base
+            col = col[col >= base] - base  # stamps of earlier launches (marks of last CTAs) are older
             if col.size:
                 rows.append(f"{NAMES[m]}: min {col.min() / 1000:.2f} med {np.median(col) / 1000:.2f} "
                             f"max {col.max() / 1000:.2f}")
