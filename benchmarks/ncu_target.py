@@ -14,11 +14,11 @@ def main(argv):
     import cupy as cp
 
     import gqadrv
-    from gqadrv.bench import _make_inputs, parse_shape
+    from gqadrv.gqa.bench import make_inputs, parse_shape
 
     for i, text in enumerate(argv or ["1,1024,[1024]"]):
         shape = parse_shape(text)
-        q, kv, lens = _make_inputs(shape, i)
+        q, kv, lens = make_inputs(shape, i)
         o = cp.empty_like(q)
         p = gqadrv.prepare_gqa_decode(Q=q, KV=kv, O=o, sequence_lengths=lens)
         for _ in range(3):

@@ -43,7 +43,8 @@ def main():
     import cupy as cp
 
     import gqadrv
-    from gqadrv.bench import Timer, _make_inputs, parse_shape
+    from gqadrv.gqa.bench import make_inputs, parse_shape
+    from gqadrv.ops.bench import Timer
 
     try:
         import torch  # noqa: F401  (graph timing like the peers)
@@ -54,7 +55,7 @@ def main():
     keys = set().union(*[set(v) for v in CONFIGS.values()])
     for si, text in enumerate(a.shapes):
         shape = parse_shape(text)
-        q, kv, lens = _make_inputs(shape, si)
+        q, kv, lens = make_inputs(shape, si)
         small = shape.batch * shape.capacity <= 8192
         splits = [None] + [int(x) for x in (a.small_splits if small else a.large_splits).split(",") if x]
         for cname in a.configs.split(","):

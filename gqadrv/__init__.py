@@ -1,24 +1,14 @@
-"""gqadrv: torch-free, driver-level GPU attention decode for Python.
+"""gqadrv: torch-free, driver-level GPU attention for Python.
 
 NVRTC compiles gqadrv's own kernels at run time; a loader on the CUDA driver API (cuda.bindings)
 launches them on any DLPack tensor (CuPy, torch, JAX), on any stream, inside CUDA-graph capture.
+Each op family (``gqadrv.gqa``, ...) exports its public names here; ``launch_prepared`` and
+``check_status`` serve every family's prepared objects.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
+from . import gqa
+from .gqa import *  # noqa: F401,F403 - the family's __all__
+from .ops.prepared import Prepared, check_status, launch_prepared
 
-from .gqa import (  # noqa: E402
-    PreparedGqaDecode,
-    check_status,
-    gqa_decode,
-    gqa_decode_reference,
-    launch_prepared,
-    launch_sm110_gqa_decode_prepared,
-    prepare_gqa_decode,
-    prepare_sm110_gqa_decode,
-    sm110_gqa_decode,
-)
-
-__all__ = [
-    "PreparedGqaDecode", "__version__", "check_status", "gqa_decode", "gqa_decode_reference", "launch_prepared",
-    "launch_sm110_gqa_decode_prepared", "prepare_gqa_decode", "prepare_sm110_gqa_decode", "sm110_gqa_decode",
-]
+__all__ = ["Prepared", "__version__", "check_status", "launch_prepared", *gqa.__all__]

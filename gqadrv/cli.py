@@ -1,47 +1,30 @@
-"""Command line: python -m gqadrv info | compile | demo | selftest | bench"""
+"""Command line: python -m gqadrv info | compile | demo | selftest | bench
+
+The top floor: it iterates the op families' OP records (``_ops``) and is imported by nobody."""
 
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
 
 
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    import gqadrv
+def _ops() -> tuple:
+    """The op families (each package's OP record); the CLI hard-codes none of their details."""
+    from . import gqa
 
-    out["gqadrv"] = gqadrv.__version__
-    for mod, attr in (("cuda.bindings", "__version__"), ("cuda.core", "__version__"), ("cupy", "__version__"),
-                      ("numpy", "__version__")):
-        try:
-            m = __import__(mod, fromlist=["_"])
-            out[mod] = getattr(m, attr, "?")
-        except Exception as exc:  # noqa: BLE001
-            out[mod] = f"not importable ({type(exc).__name__})"
-    try:
-        from .runtime.compiler import nvrtc_version
-
-        out["nvrtc"] = ".".join(map(str, nvrtc_version()))
-    except Exception as exc:  # noqa: BLE001
-        out["nvrtc"] = f"not available ({exc})"
-    from .runtime.driver import driver_version
-
-    dv = driver_version()
-    out["driver (CUDA)"] = f"{dv // 1000}.{dv % 1000 // 10}" if dv else "no driver"
-    return out
+    return (gqa.OP,)
 
 
 def cmd_info(args) -> int:
-    from .gqa import routes
+    from ._version import versions
     from .runtime import cache as _cache
     from .runtime import driver as _drv
     from .runtime.compiler import arch_for_cc
 
     print("gqadrv info")
-    for k, v in _versions().items():
+    for k, v in versions().items():
         print(f"  {k:14s} {v}")
     c = _cache.default_cache()
     n, size = c.disk_usage()
@@ -56,16 +39,13 @@ def cmd_info(args) -> int:
         d = _drv.device_info(i)
         print(f"  device {i}       {d.name}: compute capability {d.arch}, {d.sm_count} SMs, "
               f"{d.total_memory / 2**30:.0f} GiB, L2 {d.l2_bytes / 2**20:.0f} MiB, smem opt-in {d.smem_optin} B")
-        arch = arch_for_cc(d.cc)
-        try:
-            backend = routes.backend_for_cc(d.cc)
-        except RuntimeError as exc:
-            print(f"                 unsupported: {exc}")
-            continue
-        fams = {"hopper": ["short", "tma", "portable"], "tcgen05": ["tc_short", "tc_long", "short", "portable"],
-                "portable": ["short", "portable"]}[backend]
-        print(f"                 target {arch}, backend {backend!r}; GQA kernel families: {', '.join(fams)}; "
-              f"runtime proof kernel: {'yes' if d.cc[0] >= 9 else 'no (needs sm_90+)'}")
+        print(f"                 target {arch_for_cc(d.cc)}; runtime proof kernel: "
+              f"{'yes' if d.cc[0] >= 9 else 'no (needs sm_90+)'}")
+        for op in _ops():
+            try:
+                print(f"                 {op.describe(d.cc)}")
+            except RuntimeError as exc:
+                print(f"                 {op.name}: unsupported: {exc}")
     return 0
 
 
@@ -75,7 +55,6 @@ def cmd_compile(args) -> int:
     # On a machine with a driver, NVRTC may take a module from the driver's JIT cache and skip
     # ptxas, which leaves no resource report: bypass that cache for this process.
     os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
-    from .gqa import routes
     from .runtime.compiler import compile_module, normalize_arch
     from .runtime.proof import PROOF_SOURCE
 
@@ -83,7 +62,7 @@ def cmd_compile(args) -> int:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    jobs = [(v.name, v.family.source, v.family.entry, v.defines) for v in routes.variants_for_arch(arch)]
+    jobs = [(v.name, v.family.source, v.family.entry, v.defines) for op in _ops() for v in op.variants_for_arch(arch)]
     if int(arch[3:].rstrip("af")) >= 90:
         for dt, name in ((0, "float16"), (1, "bfloat16"), (2, "float32")):
             jobs.append((f"proof_tma_ring_reduce_{name}", PROOF_SOURCE, "tma_ring_reduce", {"PROOF_DT": dt}))
@@ -174,47 +153,17 @@ def cmd_demo(args) -> int:
 def cmd_selftest(args) -> int:
     import numpy as np
 
-    from .gqa.reference import gqa_decode_reference
-
-    # CPU part: the oracle against a direct per-head formula
-    rng = np.random.default_rng(1)
-    q = rng.standard_normal((2, 4, 64))
-    kv = rng.standard_normal((2, 2, 2, 9, 64))
-    lens = np.array([5, 9])
-    ref = gqa_decode_reference(q, kv, lens, 0.7)
-    worst = 0.0
-    for b in range(2):
-        for h in range(4):
-            k, v = kv[b, 0, h // 2, : lens[b]], kv[b, 1, h // 2, : lens[b]]
-            s = k @ q[b, h] * 0.7 / 8.0
-            p = np.exp(s - s.max())
-            p /= p.sum()
-            worst = max(worst, float(np.max(np.abs(p @ v - ref[b, h]))))
-    print(f"selftest: oracle vs direct formula max err {worst:.2e} {'OK' if worst < 1e-12 else 'FAIL'}")
-    if worst >= 1e-12:
-        return 1
     from .runtime.driver import gpu_status
 
     ok, why = gpu_status()
+    rng = np.random.default_rng(1)
+    fails = 0
+    for op in _ops():
+        for name, err, good in op.selftest(rng, gpu=ok):
+            fails += not good
+            print(f"selftest: {name}: max err {err:.3e} {'OK' if good else 'FAIL'}")
     if not ok:
         print(f"selftest: GPU part skipped ({why})")
-        return 0
-    import cupy as cp
-
-    import gqadrv
-
-    fails = 0
-    for (B, Hq, Hkv, C, D, dt, L) in ((1, 32, 8, 64, 128, np.float16, [1]), (4, 32, 8, 256, 128, np.float16, [64, 127, 191, 256]),
-                                      (2, 16, 2, 300, 64, np.float16, [300, 7]), (1, 8, 8, 1000, 256, np.float16, [999])):
-        qh = rng.standard_normal((B, Hq, D)).astype(dt)
-        kvh = rng.standard_normal((B, 2, Hkv, C, D)).astype(dt)
-        lh = np.array(L, np.int32)
-        out = cp.asnumpy(gqadrv.gqa_decode(cp.asarray(qh), cp.asarray(kvh), cp.asarray(lh))).astype(np.float64)
-        ref = gqa_decode_reference(qh, kvh, lh)
-        err = float(np.max(np.abs(out - ref)))
-        good = bool(np.all(np.abs(out - ref) <= 1e-2 + 1e-2 * np.abs(ref)))
-        fails += not good
-        print(f"selftest: B{B} Hq{Hq} Hkv{Hkv} C{C} D{D}: max err {err:.3e} {'OK' if good else 'FAIL'}")
     return 1 if fails else 0
 
 
@@ -222,9 +171,10 @@ def cmd_bench(args) -> int:
     rc = _no_gpu_exit("bench")
     if rc:
         return rc
-    from .bench import main as bench_main
+    from .ops.bench import run
 
-    return bench_main(args)
+    spec = {op.name: op.bench_spec() for op in _ops() if op.bench_spec is not None}[args.op]
+    return run(spec, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,9 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("selftest", help="oracle check (CPU) and a few GPU shapes").set_defaults(fn=cmd_selftest)
     b = sub.add_parser("bench", help="side-by-side benchmark against the bandwidth ceiling and the peers")
-    from .bench import add_arguments
+    from .ops.bench import add_common_arguments
 
-    add_arguments(b)
+    specs = [op.bench_spec() for op in _ops() if op.bench_spec is not None]
+    b.add_argument("--op", choices=[sp.name for sp in specs], default=specs[0].name, help="op family to benchmark")
+    add_common_arguments(b)
+    for sp in specs:
+        sp.add_arguments(b)
     b.set_defaults(fn=cmd_bench)
     return p
 

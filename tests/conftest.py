@@ -36,7 +36,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     import os
     import sys
 
-    mod = sys.modules.get("tests.gpu.cases")
+    mod = sys.modules.get("tests.helpers")
     lines = []
     if mod is not None and getattr(mod, "MAX_ERRORS", None):
         lines.append("max |gqadrv - float64 oracle| per path and dtype:")

@@ -75,6 +75,16 @@ def test_wheel_ships_and_compiles_its_kernels(tmp_path):
     assert b.returncode == 0, b.stdout + b.stderr
     wheels = list(wheel_dir.glob("gqadrv-*.whl"))
     assert len(wheels) == 1
+    import zipfile
+
+    shipped = {n for n in zipfile.ZipFile(wheels[0]).namelist() if n.startswith("gqadrv/_kernels/")}
+    kernels = ROOT / "kernels"
+    sources = {"gqadrv/_kernels/" + p.relative_to(kernels).as_posix() for p in kernels.rglob("*")
+               if p.suffix in (".cu", ".cuh")}
+    assert len(sources) > 10 and sources <= shipped, f"kernels missing from the wheel: {sorted(sources - shipped)}"
+    py = {n for n in zipfile.ZipFile(wheels[0]).namelist() if n.endswith(".py")}
+    for pkg in ("gqadrv/ops/__init__.py", "gqadrv/gqa/__init__.py", "gqadrv/runtime/__init__.py"):
+        assert pkg in py, f"{pkg} missing from the wheel"
     site = tmp_path / "site"
     i = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheels[0])],
                        capture_output=True, text=True, timeout=600)
@@ -84,7 +94,7 @@ def test_wheel_ships_and_compiles_its_kernels(tmp_path):
         "from gqadrv.runtime.cache import CubinCache\n"
         "root = c.kernels_root()\n"
         "assert str(root).startswith(%r), root\n"
-        "m = c.compile_module('sm90/gqa_decode_tma.cu', 'sm_90a', dict(GQA_DT=0, GQA_D=128, GQA_ROWS=8, GQA_WARPS=4, GQA_TOK=32, GQA_STAGES=2), cache=CubinCache(None, False))\n"
+        "m = c.compile_module('gqa/sm90/decode_tma.cu', 'sm_90a', dict(GQA_DT=0, GQA_D=128, GQA_ROWS=8, GQA_WARPS=4, GQA_TOK=32, GQA_STAGES=2), cache=CubinCache(None, False))\n"
         "print('ok', root, len(m.cubin))\n"
     ) % str(site)
     env = dict(os.environ, PYTHONPATH=str(site))

@@ -1,5 +1,5 @@
 """Where does a decode launch spend its time? Builds the route with GQA_TRACE=1 (globaltimer stamps
-per CTA, see kernels/common/gqa_config.cuh), launches it cold (L2 flushed) and hot (last of 20
+per CTA, see kernels/gqa/common/config.cuh), launches it cold (L2 flushed) and hot (last of 20
 back-to-back launches), and prints stamp statistics (min / median / max over CTAs) relative to the
 first CTA's first stamp.
 
@@ -22,30 +22,26 @@ NAMES = {0: "prologue", 1: "pdl_wait", 2: "len", 3: "first_tile", 4: "warp0_done
 
 
 def run(text, splits, flush, cp):
-    from gqadrv.bench import _make_inputs, parse_shape
-    from gqadrv.gqa import api, contract, routes
-    from gqadrv.runtime.module import LaunchPlan
+    from gqadrv.gqa import contract, plan
+    from gqadrv.gqa.bench import make_inputs, parse_shape
+    from gqadrv.ops import workspace
 
     shape = parse_shape(text)
-    q, kv, lens = _make_inputs(shape, 0)
+    q, kv, lens = make_inputs(shape, 0)
     o = cp.empty_like(q)
     s = int(cp.cuda.get_current_stream().ptr)
     prob = contract.validate(q, kv, lens, o, 1.0, stream=s)
-    variant, loaded = api._route(prob, None)
-    from gqadrv.runtime.driver import device_info
-
-    info = device_info(0)
-    ns = splits or routes.default_splits(variant, prob.batch, prob.num_kv_heads, prob.capacity, info.sm_count,
-                                         loaded.ctas_per_sm)
+    variant, loaded = plan.route(prob, None)
+    ns = splits or plan.default_splits(prob, variant, loaded)
     if not variant.family.splittable:
         ns = 1
-    ws = None
-    if ns > 1:
-        ws = api._alloc_workspace(0, s, *api._workspace_bytes(prob.batch, prob.num_kv_heads, prob.group, prob.head_dim, ns))
-    grid, block, smem = routes.launch_geometry(variant, prob.batch, prob.num_kv_heads, ns)
-    trace = cp.zeros(grid[0] * 16, cp.uint64)
-    pack = api._pack(variant, prob, api._args_tuple(prob, int(o.data.ptr), ws, int(trace.data.ptr), ns, variant, loaded))
-    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
+    ws = workspace.alloc(0, s, plan.workspace_sizes(prob, ns), plan.WORKSPACE_ZERO) if ns > 1 else None
+    # the trace buffer (grid * 16 stamps) takes the place of the status pointer
+    n_cta = prob.batch * prob.num_kv_heads * ns
+    trace = cp.zeros(n_cta * 16, cp.uint64)
+    plan = plan.build_launch(prob, variant, loaded, out_ptr=int(o.data.ptr), ws=ws, status_ptr=int(trace.data.ptr),
+                             splits=ns, stream=s)
+    grid, smem = plan.grid, plan.smem
     out = {}
     for mode in ("cold", "hot"):
         plan.launch()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
-from ..runtime.tensors import TensorView, as_view, overlaps
+from ..ops import contract as _oc
+from ..runtime.tensors import TensorView, as_view
 
 __all__ = [
     "GqaProblem",
@@ -28,7 +28,8 @@ __all__ = [
 SUPPORTED_DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
-MAX_SPLITS = 64
+MAX_SPLITS = 64       # GQA_MAX_SPLITS of kernels/gqa/common/config.cuh
+STATE_ROW_PAD = 8     # extra floats per softmax-state row in the CTA merge area (StateLayout<D>::STRIDE = D + 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,54 +56,31 @@ class GqaProblem:
         return (self.batch, self.num_q_heads, self.num_kv_heads, self.capacity, self.head_dim, self.dtype)
 
 
-def check_q_scale(q_scale: Any) -> float:
-    """q_scale must be a real number, finite and > 0 (numpy / 0-d framework scalars are accepted)."""
-    bad = ValueError(f"q_scale must be a finite number > 0, got {q_scale!r}")
-    if q_scale is None or isinstance(q_scale, (bool, str, bytes, complex)):
-        raise bad
-    try:
-        v = float(q_scale)
-    except (TypeError, ValueError):
-        raise bad from None
-    if not math.isfinite(v) or v <= 0.0:
-        raise bad
-    return v
+def check_q_scale(q_scale: Any, head_dim: int = 64) -> float:
+    """q_scale must be a real number, finite and > 0 (numpy / 0-d framework scalars are accepted),
+    small enough that q_scale / sqrt(head_dim) / ln 2 is a finite float32."""
+    return _oc.check_positive_scale("q_scale", q_scale, limit=_oc.F32_MAX * math.sqrt(head_dim) * math.log(2.0))
 
 
 def check_num_splits(num_splits: Any) -> int | None:
-    if num_splits is None:
-        return None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
-        raise ValueError(f"num_splits must be None or an int in [1, {MAX_SPLITS}], got {num_splits!r}")
-    n = int(num_splits)
-    if not 1 <= n <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be None or an int in [1, {MAX_SPLITS}], got {n}")
-    return n
+    return _oc.check_num_splits(num_splits, MAX_SPLITS)
 
 
-def _shape(v: TensorView) -> str:
-    return "(" + ", ".join(str(d) for d in v.shape) + ")"
+_shape = _oc.shape_str
+_require_contiguous = _oc.require_contiguous
+_require_same_device = _oc.require_same_device
+_require_aligned = _oc.require_aligned
 
 
-def _require_contiguous(v: TensorView) -> None:
-    if not v.contiguous:
-        raise ValueError(f"{v.name} must be contiguous (row-major); got shape {_shape(v)} with strides {v.strides} (elements)")
+def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: int | None,
+             names=("q", "kv", "sequence_lengths", "out")) -> GqaProblem:
+    """Check every host-visible rule and return the problem description.
 
-
-def _require_same_device(v: TensorView, ref: TensorView) -> None:
-    if v.device != ref.device:
-        raise ValueError(f"{v.name} is on cuda:{v.device} but {ref.name} is on cuda:{ref.device}; all tensors must share one device")
-
-
-def _require_aligned(v: TensorView, n: int = 16) -> None:
-    if v.ptr % n:
-        raise ValueError(f"{v.name} must start at a {n}-byte aligned address (got 0x{v.ptr:x}); pass a freshly allocated tensor, not an offset view")
-
-
-def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: int | None, names=("q", "kv", "sequence_lengths", "out")) -> GqaProblem:
-    """Check every host-visible rule and return the problem description."""
+    ``stream``: the launch stream, handed to non-CuPy producers' ``__dlpack__`` so they order their
+    writes before it (None: no handshake, e.g. during graph capture); CuPy producers must already be
+    ordered by the caller (``runtime.streams.order_inputs``)."""
     nq, nkv, nlen, nout = names
-    qv = as_view(q, nq, stream=stream)
+    qv = as_view(q, nq, stream=stream, cupy_ordered=True)
     if qv.ndim != 3:
         raise ValueError(f"{nq} must have shape [batch, num_q_heads, head_dim], got {_shape(qv)}")
     B, Hq, D = qv.shape
@@ -110,11 +88,10 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
         raise ValueError(f"batch must be positive, got {nq} shape {_shape(qv)}")
     if Hq <= 0:
         raise ValueError(f"num_q_heads must be positive, got {nq} shape {_shape(qv)}")
-    if qv.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{nq} must have dtype float16 or bfloat16, got {qv.dtype}")
+    _oc.require_dtype(qv, SUPPORTED_DTYPES)
     _require_contiguous(qv)
 
-    kvv = as_view(kv, nkv, stream=stream)
+    kvv = as_view(kv, nkv, stream=stream, cupy_ordered=True)
     if kvv.ndim != 5:
         raise ValueError(f"{nkv} must have shape [batch, 2, num_kv_heads, capacity, head_dim], got {_shape(kvv)}")
     if kvv.shape[0] != B:
@@ -128,8 +105,7 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
         raise ValueError(f"kv capacity must be positive, got {nkv} shape {_shape(kvv)}")
     if Dkv != D:
         raise ValueError(f"{nkv} head_dim {Dkv} does not match {nq} head_dim {D}")
-    if kvv.dtype != qv.dtype:
-        raise TypeError(f"{nkv} must have the dtype of {nq} ({qv.dtype}), got {kvv.dtype}")
+    _oc.require_dtype(kvv, SUPPORTED_DTYPES, like=qv)
     _require_contiguous(kvv)
     _require_same_device(kvv, qv)
     if Hq % Hkv:
@@ -140,7 +116,7 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim {D} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
 
-    lv = as_view(lengths, nlen, stream=stream)
+    lv = as_view(lengths, nlen, stream=stream, cupy_ordered=True)
     if lv.dtype != "int32":
         raise TypeError(f"{nlen} must have dtype int32, got {lv.dtype}")
     if lv.shape != (B,):
@@ -153,18 +129,17 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
 
     ov = None
     if out is not None:
-        ov = as_view(out, nout, stream=stream)
+        ov = as_view(out, nout, stream=stream, cupy_ordered=True)
         if ov.shape != qv.shape:
             raise ValueError(f"{nout} must have the shape of {nq} {_shape(qv)}, got {_shape(ov)}")
-        if ov.dtype != qv.dtype:
-            raise TypeError(f"{nout} must have the dtype of {nq} ({qv.dtype}), got {ov.dtype}")
+        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=qv)
         _require_contiguous(ov)
         _require_same_device(ov, qv)
         _require_aligned(ov)
-        if ov.framework == "jax":
-            raise ValueError(f"{nout} is a JAX array, and JAX arrays are immutable: omit {nout} and use the returned array")
-        for other in (qv, kvv, lv):
-            if overlaps(ov, other):
-                raise ValueError(f"{nout} must not overlap {other.name} in memory (its bytes alias the input)")
-    scale = check_q_scale(q_scale)
+        _oc.require_writable(ov)
+        _oc.require_no_overlap(ov, (qv, kvv, lv))
+        _oc.require_no_grad(ov)
+    for v in (qv, kvv):
+        _oc.require_no_grad(v)
+    scale = check_q_scale(q_scale, D)
     return GqaProblem(B, Hq, Hkv, group, C, D, qv.dtype, qv.device, qv, kvv, lv, ov, scale)

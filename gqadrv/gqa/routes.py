@@ -13,9 +13,12 @@ import dataclasses
 import functools
 import os
 
-from ..runtime.module import TMAP, Signature, Struct
-from . import tcgen05_family as _tc
-from .contract import MAX_GROUP, MAX_SPLITS, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+from ..ops.contract import check_choice
+from ..ops.registry import KernelFamily
+from ..runtime.module import Signature
+from . import tcgen05 as _tc
+from .args import SIG_PLAIN, SIG_TMA
+from .contract import MAX_GROUP, MAX_SPLITS, STATE_ROW_PAD, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = [
     "ARCH_SMEM_OPTIN",
@@ -32,22 +35,14 @@ __all__ = [
     "prefers_portable",
     "PORTABLE_MIN_WAVES",
     "select_variant",
+    "tuning_env",
     "variants_for_arch",
 ]
 
-# Kernel argument block shared by every GQA kernel (kernels/common/gqa_cta.cuh: struct GqaArgs):
-# 8 pointers, float scale_log2, int hkv, group, capacity, num_splits, flags.
-GQA_ARGS = Struct("<8Qf5i")
-GQA_FLAG_L2_EVICT_FIRST = 1
-GQA_FLAG_L2_PREFETCH = 2
 # L2 prefetch before griddepcontrol.wait pays when every CTA runs in the first wave and streams at
 # least this many rounds of sub-tiles (see l2_prefetch_pays).
 PREFETCH_MIN_ROUNDS = 8
-SIG_TMA = Signature(("kv_map", TMAP), ("args", GQA_ARGS))
-SIG_PLAIN = Signature(("args", GQA_ARGS))
-
 SHORT_CAPACITY_MAX = 64
-STATE_ROW_PAD = _tc.STATE_ROW_PAD  # merge-area row padding (floats), see kernels/common/gqa_warp.cuh
 SPLIT_MIN_ROUNDS = 4  # see default_splits
 # Per-block shared-memory opt-in limits of the targets (bytes); the portable family must also fit
 # sm_86 / sm_89 (101376 B).
@@ -57,30 +52,48 @@ _DT_CODE = {"float16": 0, "bfloat16": 1}
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
-    name: str
-    source: str
-    entry: str
-    arches: tuple[str, ...]   # NVRTC targets this family is built and checked for
-    signature: Signature
-    uses_tma: bool
-    splittable: bool
-    ring: bool                # K/V slots in dynamic smem (a pipelined ring, or one slot per warp)
+class Family(KernelFamily):
+    """A GQA kernel family (see ops.registry.KernelFamily) and the facts routing needs."""
+
+    uses_tma: bool = False
+    splittable: bool = False
+    ring: bool = False        # K/V slots in dynamic smem (a pipelined ring, or one slot per warp)
+    tcgen05: bool = False     # geometry from gqa/tcgen05.py (B200 / Thor kernels)
 
 
+_ALL = ("sm_80", "sm_90a", "sm_100a", "sm_110a")
+_DENSE = frozenset({"dense_kv", "fp16", "bf16"})
+_SPLIT = _DENSE | {"split_kv"}
 FAMILIES: dict[str, Family] = {
-    "short": Family("short", "sm90/gqa_decode_short.cu", "gqa_decode_short",
-                    ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, False, True),
-    "tma": Family("tma", "sm90/gqa_decode_tma.cu", "gqa_decode_tma",
-                  ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA, True, True, True),
-    "portable": Family("portable", "sm80/gqa_decode_cpasync.cu", "gqa_decode_cpasync",
-                       ("sm_80", "sm_90a", "sm_100a", "sm_110a"), SIG_PLAIN, False, True, True),
+    "short": Family("short", "gqa/smxx/decode_short.cu", "gqa_decode_short", _ALL, SIG_PLAIN, _DENSE,
+                    uses_tma=False, splittable=False, ring=True),
+    "tma": Family("tma", "gqa/sm90/decode_tma.cu", "gqa_decode_tma", ("sm_90a", "sm_100a", "sm_110a"), SIG_TMA,
+                  _SPLIT, uses_tma=True, splittable=True, ring=True),
+    "portable": Family("portable", "gqa/sm80/decode_cpasync.cu", "gqa_decode_cpasync", _ALL, SIG_PLAIN, _SPLIT,
+                       uses_tma=False, splittable=True, ring=True),
     # tcgen05 + TMEM kernels for B200 / Thor: compile-verified only (no such GPU here)
-    "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"],
-                       ("sm_100a", "sm_110a"), SIG_PLAIN, False, False, False),
-    "tc_long": Family("tc_long", _tc.TC_SOURCE["tc_long"], _tc.TC_ENTRY["tc_long"],
-                      ("sm_100a", "sm_110a"), SIG_TMA, True, True, True),
+    "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"], ("sm_100a", "sm_110a"),
+                       SIG_PLAIN, _DENSE, uses_tma=False, splittable=False, ring=False, tcgen05=True),
+    "tc_long": Family("tc_long", _tc.TC_SOURCE["tc_long"], _tc.TC_ENTRY["tc_long"], ("sm_100a", "sm_110a"),
+                      SIG_TMA, _SPLIT, uses_tma=True, splittable=True, ring=True, tcgen05=True),
 }
+
+# Kernel families each backend routes to (``info`` and the docs read this, not a copy).
+BACKEND_FAMILIES = {
+    "hopper": ("short", "tma", "portable"),
+    "tcgen05": ("tc_short", "tc_long", "short", "portable"),
+    "portable": ("short", "portable"),
+}
+
+# Environment variables that change routing, compiled switches or launch flags (tuning and
+# development only). Every one of them is part of the route and replay keys (tuning_env()).
+TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
+              "GQADRV_TRACE")
+
+
+def tuning_env() -> tuple:
+    env = os.environ
+    return tuple(env.get(k) for k in TUNING_ENV)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +123,7 @@ _TILINGS = {
 
 
 def tiling_for(family: str, head_dim: int) -> Tiling:
-    if family.startswith("tc_"):
+    if FAMILIES[family].tcgen05:
         threads, tok, stages = _tc.TC_TILINGS[(family, head_dim)]
         return Tiling(threads // 32, tok, stages)
     if family == "short":
@@ -126,7 +139,7 @@ def tiling_for(family: str, head_dim: int) -> Tiling:
     return _TILINGS[(family, head_dim)]
 
 
-# Compile-time switches of the TMA family (kernels/sm90/gqa_decode_tma.cu); the environment
+# Compile-time switches of the TMA family (kernels/gqa/sm90/decode_tma.cu); the environment
 # variables exist for tuning runs only.
 _TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1)}
 
@@ -159,7 +172,7 @@ class Variant:
     @property
     def defines(self) -> dict:
         t = self.tiling
-        if self.family.name.startswith("tc_"):
+        if self.family.tcgen05:
             d = _tc.tc_defines(self.family.name, _DT_CODE[self.dtype], self.head_dim, self.rows, t.tok, t.stages)
             d.update(self.switches)
             return d
@@ -175,7 +188,7 @@ class Variant:
     @property
     def dynamic_smem(self) -> int:
         t, D = self.tiling, self.head_dim
-        if self.family.name.startswith("tc_"):
+        if self.family.tcgen05:
             return _tc.tc_dynamic_smem(self.family.name, D, self.rows, t.tok, t.stages)
         merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + STATE_ROW_PAD)) * 4
         need = merge
@@ -203,13 +216,20 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
     return "portable"
 
 
+BACKENDS = ("auto", "hopper", "tcgen05", "portable")
+
+
+def check_backend(backend) -> str | None:
+    """None/'auto' or a backend name (TypeError for a non-string, ValueError for an unknown name)."""
+    b = check_choice("backend", backend, BACKENDS)
+    return None if b == "auto" else b
+
+
 def _backend_override(backend: str | None) -> str | None:
-    b = backend if backend is not None else (os.environ.get("GQADRV_BACKEND") or None)
-    if b is None:
-        return None
-    b = b.strip().lower()
-    if b not in ("auto", "hopper", "tcgen05", "portable"):
-        raise ValueError(f"backend must be one of 'auto', 'hopper', 'tcgen05', 'portable', got {backend!r}")
+    if backend is not None:
+        return check_backend(backend)
+    env = os.environ.get("GQADRV_BACKEND") or None
+    b = check_choice("GQADRV_BACKEND", env, BACKENDS)
     return None if b == "auto" else b
 
 

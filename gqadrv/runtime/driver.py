@@ -19,6 +19,7 @@ __all__ = [
     "check",
     "device_info",
     "device_count",
+    "multi_device",
     "device_scope",
     "driver",
     "driver_version",
@@ -119,6 +120,18 @@ def device_count() -> int:
     if not ok:
         return 0
     return check(driver().cuDeviceGetCount(), "cuDeviceGetCount")
+
+
+_multi: list = []
+
+
+def multi_device() -> bool:
+    """True in a process that sees more than one GPU: launches must then make the target device's
+    primary context current (``device_scope``), since the caller's current context may belong to
+    another GPU. Computed once per process (the device count does not change)."""
+    if not _multi:
+        _multi.append(device_count() > 1)
+    return _multi[0]
 
 
 def driver_version() -> int | None:

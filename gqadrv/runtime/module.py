@@ -4,9 +4,11 @@
   device; ``Library.kernel(name, device)`` gives a ``Kernel`` for that device's primary context.
 * ``Kernel``: CUfunction of one device, dynamic shared memory opted in once per (kernel, device).
 * ``Signature``: the kernel's parameter list, described by us (the H200 driver lacks
-  cuFuncGetParamCount), e.g. ``Signature(("desc", TMAP), ("args", Struct("<8Qf4i4x")))``.
+  cuFuncGetParamCount), e.g. ``Signature(("desc", TMAP), ("args", NamedStruct("GqaArgs", ("q", "Q"), ...)))``.
+* ``NamedStruct``: a by-value C struct parameter with named fields (mirrors a ``struct`` in a
+  kernel header; offsets follow the C layout rules, checked by the CPU layout tests).
 * ``ArgPack``: one host buffer holding every argument plus the ``void*[]`` pointing into it,
-  packed once and reused by every launch.
+  packed once and reused by every launch; ``set_field("args.out", ptr)`` patches one field.
 * ``LaunchPlan``: a pre-built ``CUlaunchConfig`` (grid, block, dynamic smem, stream, PDL and
   cluster attributes). ``LaunchPlan.launch()`` is a single ``cuLaunchKernelEx`` call.
 """
@@ -21,7 +23,7 @@ import threading
 
 from . import driver as _drv
 
-__all__ = ["PTR", "I32", "U32", "F32", "TMAP", "Struct", "Signature", "ArgPack", "Library", "Kernel", "LaunchPlan", "load_library"]
+__all__ = ["PTR", "I32", "U32", "F32", "TMAP", "Struct", "NamedStruct", "Signature", "ArgPack", "Library", "Kernel", "LaunchPlan", "load_library"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,7 @@ class ParamKind:
     size: int
     align: int
     fmt: str | None  # struct format for scalars; None for raw byte blobs
+    fields: tuple[tuple[str, int, str], ...] = ()  # NamedStruct: (name, byte offset, format char)
 
 
 PTR = ParamKind("ptr", 8, 8, "<Q")
@@ -42,6 +45,33 @@ TMAP = ParamKind("tmap", 128, 64, None)  # CUtensorMap by value (128 raw bytes)
 def Struct(fmt: str, align: int = 8) -> ParamKind:
     """A by-value C struct parameter laid out by a ``struct`` format (explicit padding included)."""
     return ParamKind(f"struct{fmt}", struct.calcsize(fmt), align, fmt)
+
+
+_C_SIZES = {"Q": 8, "q": 8, "d": 8, "i": 4, "I": 4, "f": 4, "h": 2, "H": 2, "b": 1, "B": 1}
+
+
+def NamedStruct(c_name: str, *fields: tuple[str, str]) -> ParamKind:
+    """A by-value C struct whose fields are named: ``fields`` = (name, struct format char) in
+    declaration order ("Q" pointer/int64, "i" int32, "I" uint32, "f" float). Offsets and the total
+    size follow the C rules (each field at a multiple of its size, the struct padded to its largest
+    alignment), so the Python mirror of a kernel header needs no hand-written padding."""
+    off, out, fmt, align = 0, [], "<", 1
+    for name, ch in fields:
+        size = _C_SIZES[ch]
+        pad = (-off) % size
+        if pad:
+            fmt += f"{pad}x"
+            off += pad
+        out.append((name, off, ch))
+        fmt += ch
+        off += size
+        align = max(align, size)
+    tail = (-off) % align
+    if tail:
+        fmt += f"{tail}x"
+    kind = ParamKind(f"struct {c_name}", struct.calcsize(fmt), align, fmt, tuple(out))
+    assert kind.size == off + tail
+    return kind
 
 
 class Signature:
@@ -57,6 +87,11 @@ class Signature:
             off += kind.size
         self.offsets = tuple(offs)
         self.size = off
+        # "param.field" -> (absolute byte offset, struct format) for ArgPack.set_field
+        self.field_offsets: dict[str, tuple[int, str]] = {}
+        for (pname, kind), poff in zip(params, offs):
+            for fname, foff, ch in kind.fields:
+                self.field_offsets[f"{pname}.{fname}"] = (poff + foff, "<" + ch)
 
     def __repr__(self) -> str:
         return "Signature(" + ", ".join(f"{n}: {k.name}" for n, k in self.params) + ")"
@@ -74,10 +109,23 @@ class ArgPack:
         n = max(1, len(sig.params))
         self._ptrs = (ctypes.c_void_p * n)(*[self._base + o for o in sig.offsets])
         self.address = ctypes.addressof(self._ptrs)
+        self._view = (ctypes.c_char * max(1, sig.size)).from_address(self._base)
 
     def set(self, name: str, value) -> None:
         i = self.sig.names.index(name)
         self._write(i, value)
+
+    def set_field(self, path: str, value) -> None:
+        """Patch one field of a NamedStruct parameter, e.g. ``set_field("args.out", ptr)``."""
+        try:
+            off, fmt = self.sig.field_offsets[path]
+        except KeyError:
+            raise KeyError(f"{self.sig} has no struct field {path!r}") from None
+        struct.pack_into(fmt, self._view, off, value)
+
+    def get_field(self, path: str):
+        off, fmt = self.sig.field_offsets[path]
+        return struct.unpack_from(fmt, self._view, off)[0]
 
     def pack(self, *values) -> "ArgPack":
         if len(values) != len(self.sig.params):
@@ -95,6 +143,12 @@ class ArgPack:
                 raise ValueError(f"argument {name!r} needs {kind.size} bytes, got {len(data)}")
             ctypes.memmove(addr, data, kind.size)
         elif kind.name.startswith("struct"):
+            if isinstance(value, dict):  # NamedStruct given by field name
+                missing = [n for n, _, _ in kind.fields if n not in value]
+                extra = set(value) - {n for n, _, _ in kind.fields}
+                if missing or extra:
+                    raise ValueError(f"argument {name!r} ({kind.name}): missing fields {missing}, unknown {sorted(extra)}")
+                value = [value[n] for n, _, _ in kind.fields]
             ctypes.memmove(addr, struct.pack(kind.fmt, *value), kind.size)
         else:
             ctypes.memmove(addr, struct.pack(kind.fmt, value), kind.size)
@@ -236,10 +290,22 @@ class LaunchPlan:
             self._cfg.hStream = stream
             self._stream = stream
 
+    @property
+    def stream(self) -> int:
+        """The plan's own stream (the one given at construction or by set_stream)."""
+        return self._stream
+
     def launch(self, stream: int | None = None) -> None:
-        if stream is not None and stream != self._stream:
-            self._cfg.hStream = stream
-            self._stream = stream
-        err = self._launch(self._cfg, self._func, self.args.address, 0)[0]
+        """One cuLaunchKernelEx on the plan's stream, or on ``stream`` for this launch only (the
+        plan's own stream is restored: a later ``launch()`` goes to the plan's stream again)."""
+        if stream is None or stream == self._stream:
+            err = self._launch(self._cfg, self._func, self.args.address, 0)[0]
+        else:
+            cfg = self._cfg
+            cfg.hStream = stream
+            try:
+                err = self._launch(cfg, self._func, self.args.address, 0)[0]
+            finally:
+                cfg.hStream = self._stream
         if err:
             _drv.check((err,), f"cuLaunchKernelEx({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.smem})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["resolve_stream", "default_stream", "is_capturing"]
+__all__ = ["resolve_stream", "default_stream", "is_capturing", "on_stream", "order_inputs", "device_hint"]
 
 
 def is_capturing(stream: int) -> bool:
@@ -65,3 +65,85 @@ def resolve_stream(stream: Any, device: int = 0, framework: str | None = None) -
         f"stream must be None, an int handle, or an object with __cuda_stream__, .cuda_stream or .ptr; "
         f"got {t.__module__}.{t.__qualname__}"
     )
+
+
+class ExternalStream:
+    """Minimal ``__cuda_stream__`` carrier, so CuPy can treat a raw handle as its current stream."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_ext_streams: dict = {}
+
+
+def on_stream(stream: int, device: int):
+    """A CuPy stream object for a raw handle (cached), usable as a ``with`` context so CuPy
+    allocations and kernels are stream-ordered on ``stream``."""
+    key = (device, stream)
+    st = _ext_streams.get(key)
+    if st is None:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            st = cupy.cuda.Stream.from_external(ExternalStream(stream))
+        if len(_ext_streams) > 256:
+            _ext_streams.clear()
+        _ext_streams[key] = st
+    return st
+
+
+_order_events: dict = {}
+
+
+def order_cupy(device: int, s: int) -> None:
+    """Order CuPy's current stream (where CuPy producers wrote) before ``s`` with one event wait;
+    nothing when they are the same stream."""
+    import cupy
+
+    from .driver import check, driver
+
+    with cupy.cuda.Device(device):
+        cur = cupy.cuda.get_current_stream()
+        if int(cur.ptr) == s:
+            return
+        ev = _order_events.get((device, s))
+        if ev is None:
+            ev = _order_events[(device, s)] = cupy.cuda.Event(block=False, disable_timing=True)
+        ev.record(cur)  # re-recording is fine: a wait captures the event's state when issued
+        check(driver().cuStreamWaitEvent(s, int(ev.ptr), 0), "cuStreamWaitEvent")
+
+
+def order_inputs(tensors, device: int, s: int) -> int | None:
+    """Order every input's producer before a launch on ``s``; returns the stream to hand to
+    ``tensors.as_view`` for the DLPack handshake of non-CuPy producers (torch, JAX, ...).
+
+    Each tensor is ordered through its own framework, whatever the others are: CuPy arrays by one
+    event wait on CuPy's current stream (done here, once for all of them), other producers by the
+    DLPack ``stream`` argument of their ``__dlpack__`` (done by ``as_view``). During graph capture
+    no handshake is made (returns None): inputs must already be ordered on the capturing stream."""
+    if is_capturing(s):
+        return None
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        nd = cp.ndarray
+        for t in tensors:
+            if type(t) is nd:
+                order_cupy(device, s)
+                break
+    return s
+
+
+def device_hint(obj: Any) -> int:
+    """The CUDA device ordinal of a DLPack tensor (0 when it cannot tell; validation reports the
+    real problem)."""
+    try:
+        t, d = obj.__dlpack_device__()
+        return int(d) if int(t) in (2, 13) else 0
+    except Exception:  # noqa: BLE001
+        return 0

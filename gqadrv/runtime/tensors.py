@@ -124,11 +124,14 @@ def _cupy_view(obj: Any, name: str, dtype: str | None) -> TensorView | None:
     return TensorView(obj, name, obj.data.ptr, obj.shape, strides, dt, itemsize, obj.device.id, "cupy")
 
 
-def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None = None) -> TensorView:
+def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None = None,
+            cupy_ordered: bool = False) -> TensorView:
     """Read a DLPack tensor. ``stream``: the consumer stream the producer must order against
-    (None: no synchronisation requested). CuPy arrays with ``stream`` None are read from their
-    attributes (same facts, no capsule: a few microseconds less per tensor)."""
-    if stream is None:
+    (None: no synchronisation requested). CuPy arrays are read from their attributes (same facts,
+    no capsule: a few microseconds less per tensor) when ``stream`` is None or when the caller has
+    already ordered CuPy's current stream before ``stream`` (``cupy_ordered``, see
+    ``streams.order_inputs``)."""
+    if stream is None or cupy_ordered:
         cp = sys.modules.get("cupy")
         if cp is not None and type(obj) is cp.ndarray:
             v = _cupy_view(obj, name, dtype)

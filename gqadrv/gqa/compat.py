@@ -1,0 +1,45 @@
+"""Seed-compatible names of FlashInfer's experimental SM110 GQA decode (seeds/000_*.txt).
+
+They behave like the portable entry points but raise RuntimeError unless the GPU is SM110
+(Jetson Thor), as the seed's functions do on other GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops.prepared import launch_prepared
+from ..runtime import driver as _drv
+from ..runtime.streams import device_hint
+from .api import PreparedGqaDecode, gqa_decode, prepare_gqa_decode
+
+__all__ = ["launch_sm110_gqa_decode_prepared", "prepare_sm110_gqa_decode", "sm110_gqa_decode"]
+
+
+def _require_sm110(device: int) -> None:
+    cc = _drv.device_info(device).cc
+    if cc != (11, 0):
+        raise RuntimeError(
+            f"sm110_gqa_decode requires compute capability 11.0 (Jetson Thor), got {cc[0]}.{cc[1]}; "
+            "use gqadrv.gqa_decode, the portable entry point, on other GPUs"
+        )
+
+
+def sm110_gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
+                     stream: Any = None) -> Any:
+    """Seed-compatible name: like ``gqa_decode`` but raises RuntimeError unless the GPU is SM110."""
+    _drv.ensure_init()
+    _require_sm110(device_hint(q))
+    return gqa_decode(q, kv, sequence_lengths, out=out, q_scale=q_scale, stream=stream)
+
+
+def prepare_sm110_gqa_decode(inputs: dict, num_splits: Any = None, stream: Any = None) -> PreparedGqaDecode:
+    """Seed-compatible name of ``prepare_gqa_decode``; RuntimeError unless the GPU is SM110."""
+    _drv.ensure_init()
+    if isinstance(inputs, dict) and "Q" in inputs:
+        _require_sm110(device_hint(inputs["Q"]))
+    return prepare_gqa_decode(inputs, num_splits=num_splits, stream=stream)
+
+
+def launch_sm110_gqa_decode_prepared(prepared: PreparedGqaDecode, stream: Any = None) -> Any:
+    """Seed-compatible name of ``launch_prepared``."""
+    return launch_prepared(prepared, stream)

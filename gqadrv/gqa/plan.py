@@ -1,0 +1,123 @@
+"""Building GQA launches: route + kernel, split count, workspace sizes, the named argument block,
+the KV tensor map and the ``LaunchPlan`` — the one seam the API, the benchmark and the tools use.
+
+    variant, loaded = route(problem, backend)
+    splits = default_splits(problem, variant, loaded)          # or an explicit count
+    plan = build_launch(problem, variant, loaded, out_ptr=..., ws=..., status_ptr=..., splits=..., stream=s)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..ops import kernels as _kernels
+from ..ops.bounded import BoundedMap
+from ..ops.kernels import Loaded
+from ..ops.workspace import Workspace
+from ..runtime import driver as _drv
+from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.tensormap import TmaSpec, encode_tiled
+from . import routes as _routes
+from .args import GQA_FLAG_L2_EVICT_FIRST, GQA_FLAG_L2_PREFETCH
+from .contract import GqaProblem
+
+__all__ = ["args_fields", "build_launch", "default_splits", "flags", "kv_tensor_map", "param_values", "route",
+           "workspace_sizes", "WORKSPACE_ZERO"]
+
+_LN2 = math.log(2.0)
+_routes_cache = BoundedMap(1024)
+_tmaps = BoundedMap(512)
+
+WORKSPACE_ZERO = ("counters",)  # counters must be zero before the first launch; the kernels keep them so
+
+
+def route(problem: GqaProblem, backend: str | None) -> tuple[_routes.Variant, Loaded]:
+    """The variant for ``problem`` on its device and the loaded kernel (cached per layout)."""
+    info = _drv.device_info(problem.device)
+    ctas = problem.batch * problem.num_kv_heads
+    large = _routes.prefers_portable(info.cc, problem.head_dim, ctas, info.sm_count)
+    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend, large,
+           _routes.tuning_env())
+    hit = _routes_cache.get(key)
+    if hit is None:
+        variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group,
+                                         backend, ctas, info.sm_count)
+        hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
+    return hit
+
+
+def default_splits(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded) -> int:
+    info = _drv.device_info(problem.device)
+    return _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity, info.sm_count,
+                                  loaded.ctas_per_sm)
+
+
+def workspace_sizes(problem: GqaProblem, splits: int) -> dict:
+    """Split workspace of one launch: fp32 partial numerators, {max, sum} pairs, one counter per
+    (batch, KV head)."""
+    bh = problem.batch * problem.num_kv_heads
+    return {"ws_o": (bh * splits * problem.group * problem.head_dim, "f32"),
+            "ws_ml": (bh * splits * problem.group * 2, "f32"),
+            "counters": (bh, "u32")}
+
+
+def kv_tensor_map(problem: GqaProblem, variant: _routes.Variant) -> bytes:
+    """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
+    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
+    key = (problem.device, problem.kv.ptr, B, Hkv, C, D, problem.dtype, variant.tiling.tok)
+    hit = _tmaps.get(key)
+    if hit is None:
+        hit = _tmaps.put(key, encode_tiled(TmaSpec(
+            dtype=problem.dtype,
+            address=problem.kv.ptr,
+            dims=(D, C, Hkv, 2 * B),
+            strides=(D * 2, C * D * 2, Hkv * C * D * 2),
+            box=(64, variant.tiling.tok, 1, 1),
+            swizzle="128b",
+        )))
+    return hit
+
+
+def flags(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, splits: int) -> int:
+    """GqaArgs.flags of a launch: L2 evict-first for KV footprints above half the L2
+    (GQADRV_L2_EVICT_FIRST=0/1 overrides) and the L2 prefetch rule of routes.l2_prefetch_pays."""
+    info = _drv.device_info(problem.device)
+    env = os.environ.get("GQADRV_L2_EVICT_FIRST")
+    if env is not None:
+        f = GQA_FLAG_L2_EVICT_FIRST if env == "1" else 0
+    else:
+        f = GQA_FLAG_L2_EVICT_FIRST if problem.kv.nbytes * 2 > info.l2_bytes else 0
+    if _routes.l2_prefetch_pays(variant, problem.batch, problem.num_kv_heads, problem.capacity, splits,
+                                info.sm_count, loaded.ctas_per_sm):
+        f |= GQA_FLAG_L2_PREFETCH
+    return f
+
+
+def args_fields(problem: GqaProblem, out_ptr: int, ws: Workspace | None, status_ptr: int, splits: int,
+                variant: _routes.Variant, loaded: Loaded) -> dict:
+    """The GqaArgs block by field name (gqa/args.py mirrors kernels/gqa/common/args.cuh)."""
+    return {
+        "q": problem.q.ptr, "kv": problem.kv.ptr, "out": out_ptr, "lengths": problem.lengths.ptr,
+        "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
+        "counters": ws.ptr("counters") if ws else 0, "status": status_ptr,
+        "scale_log2": problem.q_scale / math.sqrt(problem.head_dim) / _LN2,
+        "hkv": problem.num_kv_heads, "group": problem.group, "capacity": problem.capacity, "num_splits": splits,
+        "flags": flags(problem, variant, loaded, splits),
+    }
+
+
+def param_values(problem: GqaProblem, variant: _routes.Variant, args: dict) -> tuple:
+    """One value per kernel parameter: (kv tensor map, args) for TMA families, (args,) otherwise."""
+    if variant.family.uses_tma:
+        return (kv_tensor_map(problem, variant), args)
+    return (args,)
+
+
+def build_launch(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, *, out_ptr: int,
+                 ws: Workspace | None, status_ptr: int, splits: int, stream: int) -> LaunchPlan:
+    """A ready ``LaunchPlan`` (PDL on) for one decode: grid B*Hkv*splits."""
+    grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+    args = args_fields(problem, out_ptr, ws, status_ptr, splits, variant, loaded)
+    pack = ArgPack(variant.family.signature).pack(*param_values(problem, variant, args))
+    return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)

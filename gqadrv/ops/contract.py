@@ -1,0 +1,131 @@
+"""Contract helpers shared by the op families: each raises the documented error class with a
+message that names the tensor, what was expected, what was given and how to fix it.
+
+Error classes: TypeError for dtypes (and arguments of the wrong kind), ValueError for shapes,
+devices, contiguity, alignment, aliasing, scales and split counts."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from ..runtime.tensors import TensorView, overlaps
+
+__all__ = [
+    "F32_MAX",
+    "check_choice",
+    "check_num_splits",
+    "check_positive_scale",
+    "require_aligned",
+    "require_contiguous",
+    "require_dtype",
+    "require_inner_contiguous",
+    "require_no_grad",
+    "require_no_overlap",
+    "require_same_device",
+    "require_writable",
+    "shape_str",
+]
+
+F32_MAX = 3.4028234663852886e38
+
+
+def shape_str(v: TensorView) -> str:
+    return "(" + ", ".join(str(d) for d in v.shape) + ")"
+
+
+def require_contiguous(v: TensorView) -> None:
+    if not v.contiguous:
+        raise ValueError(f"{v.name} must be contiguous (row-major); got shape {shape_str(v)} with strides "
+                         f"{v.strides} (elements)")
+
+
+def require_inner_contiguous(v: TensorView) -> None:
+    """The last dimension has stride 1 (other strides are free)."""
+    if v.ndim and v.shape[-1] > 1 and v.strides[-1] != 1:
+        raise ValueError(f"{v.name} must have a contiguous last dimension (stride 1); got strides {v.strides} "
+                         f"(elements) for shape {shape_str(v)}")
+
+
+def require_same_device(v: TensorView, ref: TensorView) -> None:
+    if v.device != ref.device:
+        raise ValueError(f"{v.name} is on cuda:{v.device} but {ref.name} is on cuda:{ref.device}; all tensors "
+                         "must share one device")
+
+
+def require_aligned(v: TensorView, n: int = 16) -> None:
+    if v.ptr % n:
+        raise ValueError(f"{v.name} must start at a {n}-byte aligned address (got 0x{v.ptr:x}); pass a freshly "
+                         "allocated tensor, not an offset view")
+
+
+def require_dtype(v: TensorView, allowed: tuple, like: TensorView | None = None) -> None:
+    if like is not None:
+        if v.dtype != like.dtype:
+            raise TypeError(f"{v.name} must have the dtype of {like.name} ({like.dtype}), got {v.dtype}")
+        return
+    if v.dtype not in allowed:
+        raise TypeError(f"{v.name} must have dtype {' or '.join(allowed)}, got {v.dtype}")
+
+
+def require_no_overlap(out: TensorView, inputs: tuple) -> None:
+    for other in inputs:
+        if other is not None and overlaps(out, other):
+            raise ValueError(f"{out.name} must not overlap {other.name} in memory (its bytes alias the input)")
+
+
+def require_writable(v: TensorView) -> None:
+    if v.framework == "jax":
+        raise ValueError(f"{v.name} is a JAX array, and JAX arrays are immutable: omit {v.name} and use the "
+                         "returned array")
+
+
+def require_no_grad(v: TensorView) -> None:
+    """gqadrv has no backward pass: a torch tensor that requires grad would silently drop out of
+    autograd, so it is refused (pass ``t.detach()``)."""
+    if v.framework == "torch" and getattr(v.obj, "requires_grad", False):
+        raise ValueError(f"{v.name} requires grad, but gqadrv kernels have no backward pass; pass "
+                         f"{v.name}.detach() (inference) or compute gradients with another implementation")
+
+
+def check_positive_scale(name: str, value: Any, limit: float = F32_MAX) -> float:
+    """A real, finite number > 0 that stays finite in the kernels' float32 arithmetic (numpy and
+    0-d framework scalars are accepted)."""
+    bad = ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if value is None or isinstance(value, (bool, str, bytes, complex)):
+        raise bad
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if not math.isfinite(v) or v <= 0.0:
+        raise bad
+    if v > limit:
+        raise ValueError(f"{name}={value!r} is too large: the kernels compute in float32, which needs {name} <= "
+                         f"{limit:.4g}")
+    return v
+
+
+def check_num_splits(num_splits: Any, max_splits: int) -> int | None:
+    if num_splits is None:
+        return None
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise ValueError(f"num_splits must be None or an int in [1, {max_splits}], got {num_splits!r}")
+    n = int(num_splits)
+    if not 1 <= n <= max_splits:
+        raise ValueError(f"num_splits must be None or an int in [1, {max_splits}], got {n}")
+    return n
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> str | None:
+    """None or one of ``choices`` (case-insensitive string)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be None or one of {', '.join(repr(c) for c in choices)}; got "
+                        f"{type(value).__name__} {value!r}")
+    v = value.strip().lower()
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return v

@@ -1,0 +1,88 @@
+"""Prepared launches: validated, compiled, allocated and packed once; launched many times.
+
+``Prepared`` holds a tuple of ``LaunchPlan`` objects (one kernel, or a chain such as scheduler ->
+split kernel -> combine, chained with programmatic dependent launch), the caller's output object,
+the device objects it must keep alive, and an optional per-request status buffer.
+``launch_prepared`` is the one public launch for every op family: no validation, allocation,
+encoding or host read, so it can be captured into CUDA graphs (cuda-python, CuPy, torch).
+
+Concurrency rule: a prepared object owns mutable device state (split workspace, counters), so two
+launches of the same object must not run concurrently (different streams without ordering, or two
+graphs replayed concurrently). Give each concurrently running stream or graph its own object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..runtime import driver as _drv
+from ..runtime.module import LaunchPlan
+from ..runtime.streams import resolve_stream
+
+__all__ = ["Prepared", "check_status", "launch_prepared"]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Prepared:
+    """Base of every prepared object (``PreparedGqaDecode``, ``PreparedMlaDecode``, ...)."""
+
+    device: int
+    _plans: tuple = dataclasses.field(compare=False)          # LaunchPlan, launched in order
+    _out: Any = dataclasses.field(compare=False)              # what launch_prepared returns
+    _keep: tuple = dataclasses.field(compare=False)           # inputs and buffers kept alive
+    _status: Any = dataclasses.field(compare=False)           # CuPy uint32 [n] or None
+    _status_names: tuple = dataclasses.field(compare=False)   # ((code, name), ...) for check_status
+
+    @property
+    def output(self) -> Any:
+        return self._out
+
+    @property
+    def stream(self) -> int:
+        """The stream given at prepare time (launches without a ``stream`` argument go there)."""
+        return self._plans[0].stream
+
+    @property
+    def plans(self) -> tuple[LaunchPlan, ...]:
+        return self._plans
+
+
+def launch_prepared(prepared: Prepared, stream: Any = None) -> Any:
+    """Enqueue one prepared launch (graph-capturable; no validation, allocation or host read).
+
+    ``stream``: None = the stream given at prepare time; any accepted stream spelling otherwise,
+    for this launch only (a later call without ``stream`` goes to the prepare-time stream again).
+    Returns the caller's output object (for ops with several outputs, their tuple).
+    """
+    try:
+        plans = prepared._plans
+    except AttributeError:
+        raise TypeError(f"launch_prepared expects an object returned by a prepare_* function (e.g. "
+                        f"gqadrv.prepare_gqa_decode), got {type(prepared).__name__}") from None
+    h = None if stream is None else resolve_stream(stream, prepared.device)
+    if _drv.multi_device():
+        with _drv.device_scope(prepared.device):
+            for p in plans:
+                p.launch(h)
+    else:
+        for p in plans:
+            p.launch(h)
+    return prepared._out
+
+
+def check_status(prepared: Prepared) -> dict:
+    """Synchronizing debug helper: which requests of the last launch had out-of-range device data.
+
+    Returns {name: [request indices]} for the op's status codes (GQA decode: ``empty`` lengths
+    were <= 0 and zeros were written, ``clamped`` lengths were > capacity and were clamped).
+    """
+    if not isinstance(prepared, Prepared):
+        raise TypeError(f"check_status expects a prepared object, got {type(prepared).__name__}")
+    if prepared._status is None:
+        raise ValueError(f"{type(prepared).__name__} keeps no status buffer")
+    drv = _drv.driver()
+    with _drv.device_scope(prepared.device):
+        _drv.check(drv.cuCtxSynchronize(), "cuCtxSynchronize(check_status)")
+        codes = prepared._status.get().tolist()
+    return {name: [i for i, c in enumerate(codes) if c == code] for code, name in prepared._status_names}

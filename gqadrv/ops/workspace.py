@@ -1,0 +1,85 @@
+"""Device workspaces of split launches: named buffers (fp32 partials, uint32 counters, ...).
+
+``alloc`` gives a prepared launch its own workspace; ``pooled`` shares one per (device, stream)
+among convenience calls (launches on one stream are ordered, and the kernels leave their counters
+at zero). A pooled workspace that must grow is retired, not freed: launches already enqueued may
+still use it. It is released once an event recorded behind them has completed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from ..runtime import driver as _drv
+from ..runtime.streams import on_stream
+
+__all__ = ["Workspace", "alloc", "pooled"]
+
+_DTYPES = {"f32": "float32", "u32": "uint32", "i32": "int32"}
+
+
+@dataclasses.dataclass
+class Workspace:
+    arrays: dict          # name -> CuPy array (kept alive)
+    ptrs: dict            # name -> device address
+    sizes: dict           # name -> element count
+    nbytes: int
+
+    def ptr(self, name: str) -> int:
+        return self.ptrs[name]
+
+    def fits(self, sizes: dict) -> bool:
+        return all(self.sizes.get(k, 0) >= n for k, (n, _) in sizes.items())
+
+
+def alloc(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
+    """``sizes`` = {name: (elements, "f32" | "u32" | "i32")}; buffers named in ``zero`` are
+    zeroed on ``stream`` (counters must be zero before the first launch)."""
+    import cupy
+
+    arrays, ptrs, counts, nbytes = {}, {}, {}, 0
+    with cupy.cuda.Device(device):
+        for name, (n, dt) in sizes.items():
+            a = cupy.empty(max(int(n), 1), dtype=_DTYPES[dt])
+            arrays[name], ptrs[name], counts[name] = a, int(a.data.ptr), int(a.size)
+            nbytes += a.nbytes
+    drv = _drv.driver()
+    with _drv.device_scope(device):
+        for name in zero:
+            _drv.check(drv.cuMemsetD32Async(ptrs[name], 0, counts[name], stream), f"cuMemsetD32Async({name})")
+    return Workspace(arrays, ptrs, counts, nbytes)
+
+
+_pool: dict = {}
+_retired: list = []   # (workspace, event) pairs: freed when the event has completed
+_lock = threading.Lock()
+
+
+def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
+    """The (device, stream) workspace, grown (doubling) when ``sizes`` does not fit."""
+    key = (device, stream)
+    ws = _pool.get(key)
+    if ws is not None and ws.fits(sizes):
+        return ws
+    with _lock:
+        ws = _pool.get(key)
+        if ws is not None and ws.fits(sizes):
+            return ws
+        _release_finished()
+        grown = {k: (max(n, ws.sizes.get(k, 0) * 2) if ws else n, dt) for k, (n, dt) in sizes.items()}
+        new = alloc(device, stream, grown, zero)
+        if ws is not None:
+            import cupy
+
+            with on_stream(stream, device):
+                ev = cupy.cuda.Event(block=False, disable_timing=True)
+                ev.record()
+            _retired.append((ws, ev))
+        _pool[key] = new
+        return new
+
+
+def _release_finished() -> None:
+    keep = [(w, e) for (w, e) in _retired if not e.done]
+    _retired[:] = keep

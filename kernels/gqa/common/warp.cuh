@@ -1,0 +1,356 @@
+// gqadrv — warp-level GQA decode core, shared by the short, TMA (sm_90a), portable (sm_80) and
+// tcgen05-family host paths.
+//
+// One warp owns the query heads of one KV-head group (rows 0..g-1 of an m16n8k16 A operand; rows
+// g..ROWS-1 are zero padding) and streams sub-tiles of TOK tokens of K and V through mma.sync:
+//
+//   S (ROWS x TOK)  = Q (ROWS x D) . K^T      A = Q fragments (registers), B = K rows
+//   online softmax in the log2 domain on S's C fragments (quad shuffles only)
+//   O (ROWS x D)   += P (ROWS x TOK) . V      A = P (re-packed C fragments), B = V rows
+//
+// K (QK^T): a dot product may sum its terms in any order, so the head dimension of Q and K is
+// permuted per lane such that every lane reads whole 16-byte chunks (8 elements) of a K row:
+//   K/Q chunk read by lane quad t (= lane % 4) in k-step pair p:  c = 2t + (p & 1) + 8 (p >> 1)
+//   (chunks 2t and 2t+1 of a 128-byte swizzle row never share a bank group: conflict-free)
+// V (P.V) from the same 128B-swizzled shared-memory slot (SwizzledSmemChunks of
+// kernels/common/swizzle.cuh, written by TMA or cp.async): one ldmatrix.x4.trans per (16 tokens,
+// 16 head-dim columns) yields the B fragments of two O n-tiles; O n-tile j holds head-dim columns
+// 8j..8j+7.
+// Shared-memory addresses are per-lane offsets computed once (init) plus compile-time constants,
+// so the inner loop has no address arithmetic. Full sub-tiles (tok0 + TOK <= len, warp-uniform)
+// run a copy of the step without any masking.
+//
+// Softmax state (running max m and partial sum l, both per row; kernels/common/softmax_state.cuh)
+// lives in registers; l is kept per lane and reduced across the quad once at the end. Positions
+// >= len get score -inf, and the V halves of tokens >= len are zeroed in the ldmatrix fragments
+// before P.V, so NaN/Inf stored in padding never reaches O. The CTA-level pieces (merge of the
+// warps' states, output, split merge) are in cta.cuh next to this file.
+#pragma once
+#include "../../common/ptx.cuh"
+#include "../../common/swizzle.cuh"
+#include "../../common/softmax_state.cuh"
+
+template <int DT, int D, int ROWS, int TOK>
+struct WarpDecoder {
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(ROWS == 8 || ROWS == 16, "rows");
+  static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
+  static constexpr int KP = D / 32;   // QK k-step pairs (one 16-byte chunk per pair)
+  static constexpr int NJ = D / 8;    // O n-tiles
+  static constexpr int NT = TOK / 8;  // S n-tiles per sub-tile
+  static constexpr int KS = TOK / 16; // P.V k-steps per sub-tile
+  static constexpr int NB = D / 64;   // 128-byte boxes per row
+  static constexpr bool R16 = ROWS == 16;
+  // Accumulator floats kept per n-tile. With 8 rows the C rows 8..15 only ever accumulate zeros (A
+  // rows 8..15 are zero), but keeping them saves re-zeroing two registers per MMA; only D = 256
+  // cannot afford the extra registers.
+  static constexpr int OC = (R16 || D <= 128) ? 4 : 2;
+  static constexpr int BOX_BYTES = TOK * 128;
+  static constexpr int KV_BYTES = D * TOK * 2;  // K part of a shared-memory slot (V follows)
+
+  u32 q_lo[2 * KP][2];               // A regs 0/2 (row g)
+  u32 q_hi[R16 ? 2 * KP : 1][2];     // A regs 1/3 (row g + 8), only with 16 rows
+  float o[NJ][OC];
+  float m_lo, m_hi;                  // running max (log2 domain), quad-uniform
+  float l_lo, l_hi;                  // partial sums of this lane
+  int lane;
+  // Shared-memory path: this lane's byte offsets in a slot for k-step pair p = 0 (K chunk) and n-tile
+  // pair q = 0 (ldmatrix row). The other pairs differ only in the swizzle bits 4..6:
+  //   K (p): kofs ^ ((p & 1) << 4) + (p >> 1) * BOX_BYTES + i * 1024     (row 8i + g)
+  //   V (q): vofs ^ ((q & 3) << 5) + (q >> 2) * BOX_BYTES + ks * 2048    (k-step ks)
+  // (the added terms are multiples of 128, so XOR and addition commute with them). K row 8i + g has
+  // swizzle phase g for every i and chunk 2t + (p & 1) stays inside its box; for ldmatrix.x4.trans
+  // of k-step ks and n-tile pair q (chunks 2q, 2q + 1) lane l addresses token
+  // 16 ks + (l % 8) + 8 ((l / 8) % 2), chunk 2q + l / 16. Both are recomputed from the lane id where
+  // used (two registers fewer for the D = 256 variants).
+  GQADRV_DEVICE u32 kofs() const { return swizzled_chunk_offset(TOK, lane >> 2, 2 * (lane & 3)); }
+  GQADRV_DEVICE u32 vofs() const {
+    return swizzled_chunk_offset(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+  }
+
+  static GQADRV_DEVICE int k_chunk(int p, int t) { return 2 * t + (p & 1) + 8 * (p >> 1); }
+  // head-dim element of O n-tile j, column n
+  static GQADRV_DEVICE int o_dim(int j, int n) { return 8 * j + n; }
+
+  GQADRV_DEVICE void init(int lane_id) {
+    lane = lane_id;
+    m_lo = m_hi = neg_inf();
+    l_lo = l_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int c = 0; c < OC; ++c) o[j][c] = 0.f;
+  }
+
+  // Q rows (heads) of this group; `row_lo` / `row_hi` are null for padding rows.
+  GQADRV_DEVICE void load_q(const u16* __restrict__ row_lo, const u16* __restrict__ row_hi) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int p = 0; p < KP; ++p) {
+      const int c = k_chunk(p, t);
+      U32x4 v = {0u, 0u, 0u, 0u};
+      if (row_lo) v = *reinterpret_cast<const U32x4*>(row_lo + 8 * c);
+      q_lo[2 * p][0] = v.x;
+      q_lo[2 * p][1] = v.y;
+      q_lo[2 * p + 1][0] = v.z;
+      q_lo[2 * p + 1][1] = v.w;
+      if constexpr (R16) {
+        U32x4 h = {0u, 0u, 0u, 0u};
+        if (row_hi) h = *reinterpret_cast<const U32x4*>(row_hi + 8 * c);
+        q_hi[2 * p][0] = h.x;
+        q_hi[2 * p][1] = h.y;
+        q_hi[2 * p + 1][0] = h.z;
+        q_hi[2 * p + 1][1] = h.w;
+      }
+    }
+  }
+
+  GQADRV_DEVICE void mma_qk(float (&s)[4], int ks, u32 b0, u32 b1) const {
+    if constexpr (R16)
+      mma_16816<DT>(s, q_lo[ks][0], q_hi[ks][0], q_lo[ks][1], q_hi[ks][1], b0, b1);
+    else
+      mma_16816<DT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
+  }
+
+  // Process one sub-tile of TOK tokens starting at absolute token `tok0`; `src` is a
+  // SwizzledSmemChunks slot (K then V, see copy_tile_cp_async below). `len` is the (clamped) valid
+  // length: tokens >= len are masked and their V rows zeroed. D = 256 keeps one (masked) copy of
+  // the step: a second copy pushes the 16-row variants into spills.
+  template <class Src>
+  GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
+    if (D == 256 || tok0 + TOK > len)  // warp-uniform
+      step_impl<true>(src, tok0, len, scale_log2);
+    else
+      step_impl<false>(src, tok0, len, scale_log2);
+  }
+
+  template <bool PARTIAL, class Src>
+  GQADRV_DEVICE void step_impl(const Src& src, int tok0, int len, float scale_log2) {
+    float s[NT][4];
+    scores(src, s);
+    softmax<PARTIAL>(s, tok0, len, scale_log2);
+    accumulate<PARTIAL>(src, s, tok0, len);
+  }
+
+  // ---- S = Q K^T: even and odd k-steps accumulate separately (two chains of D/32 MMAs each),
+  // except for D = 256, where the second set of accumulators would spill.
+  template <class Src>
+  GQADRV_DEVICE void scores(const Src& src, float (&s)[NT][4]) const {
+    constexpr bool SPLIT_QK = D != 256;
+    float s2[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < KP; ++p) {
+      U32x4 kc[NT];
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+        kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mma_qk(SPLIT_QK ? s2[i] : s[i], 2 * p + 1, kc[i].z, kc[i].w);
+    }
+    if constexpr (SPLIT_QK) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[i][c] += s2[i][c];
+    }
+  }
+
+  // ---- online softmax (log2 domain): raw scores in, probabilities P out; rescales O and l.
+  // scale_log2 > 0 (validated on the host), so the max of the raw scores is the max of the scaled.
+  template <bool PARTIAL>
+  GQADRV_DEVICE void softmax(float (&s)[NT][4], int tok0, int len, float scale_log2) {
+    const int t = lane & 3;
+    float mx_lo = neg_inf(), mx_hi = neg_inf();
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if constexpr (PARTIAL) {
+          if (tok0 + 8 * i + 2 * t + e >= len) {
+            s[i][e] = neg_inf();
+            s[i][2 + e] = neg_inf();
+          }
+        }
+        mx_lo = fmaxf(mx_lo, s[i][e]);
+        if constexpr (R16) mx_hi = fmaxf(mx_hi, s[i][2 + e]);
+      }
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    const float mold_lo = m_lo;
+    const float mnew_lo = fmaxf(m_lo, mx_lo * scale_log2);
+    const float base_lo = mnew_lo == neg_inf() ? 0.f : mnew_lo;
+    const float alpha_lo = fast_exp2(m_lo - base_lo);
+    m_lo = mnew_lo;
+    float alpha_hi = 1.f, base_hi = 0.f, mold_hi = neg_inf();
+    if constexpr (R16) {
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      mold_hi = m_hi;
+      const float mnew_hi = fmaxf(m_hi, mx_hi * scale_log2);
+      base_hi = mnew_hi == neg_inf() ? 0.f : mnew_hi;
+      alpha_hi = fast_exp2(m_hi - base_hi);
+      m_hi = mnew_hi;
+    }
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[i][e] = fast_exp2(fmaf(s[i][e], scale_log2, -base_lo));  // -inf (masked) -> 0
+        sum_lo += s[i][e];
+        if constexpr (R16) {
+          s[i][2 + e] = fast_exp2(fmaf(s[i][2 + e], scale_log2, -base_hi));
+          sum_hi += s[i][2 + e];
+        }
+      }
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    if constexpr (R16) l_hi = l_hi * alpha_hi + sum_hi;
+    // Rescale O only when some row's max moved, and (except for D = 256, where the two registers
+    // this needs would spill) only after the row held a value: O is still zero while the max is
+    // -inf, e.g. on the first sub-tile.
+    constexpr bool SKIP_EMPTY = D != 256;
+    const bool moved = (alpha_lo != 1.f && (!SKIP_EMPTY || mold_lo != neg_inf())) ||
+                       (R16 && alpha_hi != 1.f && (!SKIP_EMPTY || mold_hi != neg_inf()));
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        o[j][0] *= alpha_lo;
+        o[j][1] *= alpha_lo;
+        if constexpr (R16) {
+          o[j][2] *= alpha_hi;
+          o[j][3] *= alpha_hi;
+        }  // (8 rows: o[j][2..3] hold the zero rows 8..15, nothing to rescale)
+      }
+    }
+  }
+
+  GQADRV_DEVICE void mma_pv(int j, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if constexpr (OC == 4) {
+      mma_16816<DT>(o[j], a0, a1, a2, a3, b0, b1);
+    } else {
+      float acc[4] = {o[j][0], o[j][1], 0.f, 0.f};
+      mma_16816<DT>(acc, a0, a1, a2, a3, b0, b1);
+      o[j][0] = acc[0];
+      o[j][1] = acc[1];
+    }
+  }
+
+  // ---- O += P V
+  template <bool PARTIAL, class Src>
+  GQADRV_DEVICE void accumulate(const Src& src, const float (&s)[NT][4], int tok0, int len) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const u32 a0 = pack2<DT>(s[2 * ks][0], s[2 * ks][1]);
+      const u32 a2 = pack2<DT>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      u32 a1 = 0u, a3 = 0u;
+      if constexpr (R16) {
+        a1 = pack2<DT>(s[2 * ks][2], s[2 * ks][3]);
+        a3 = pack2<DT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+      const int r0 = 16 * ks + 2 * t;  // this lane's tokens r0, r0+1 (b0) and r0+8, r0+9 (b1)
+      // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
+      u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
+      if constexpr (PARTIAL) {
+        const int tr = tok0 + r0;
+        z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
+        z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
+      }
+      const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
+#pragma unroll
+      for (int q = 0; q < NJ / 2; ++q) {
+        u32 b0, b1, b2, b3;
+        ldsm_x4_trans(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), b0, b1, b2, b3);
+        if constexpr (PARTIAL) {
+          b0 &= z0;
+          b1 &= z1;
+          b2 &= z0;
+          b3 &= z1;
+        }
+        mma_pv(2 * q, a0, a1, a2, a3, b0, b1);
+        mma_pv(2 * q + 1, a0, a1, a2, a3, b2, b3);
+      }
+    }
+  }
+
+  // Reduce the per-lane partial sums across the quad (call once after the last step).
+  GQADRV_DEVICE void finish() {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    if constexpr (R16) {
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    }
+  }
+
+  // Write this warp's state (rows < group) into the CTA merge area (MergeArea,
+  // kernels/common/softmax_state.cuh): ml[row] = {m, l}, o[row * StateLayout<D>::STRIDE + d].
+  GQADRV_DEVICE void store_state(float* __restrict__ ml, float* __restrict__ os, int group) const {
+    constexpr int ST = StateLayout<D>::STRIDE;
+    const int t = lane & 3, g = lane >> 2;
+    const bool lo_ok = g < group, hi_ok = R16 && (g + 8 < group);
+    if (t == 0) {
+      if (lo_ok) {
+        ml[2 * g] = m_lo;
+        ml[2 * g + 1] = l_lo;
+      }
+      if (hi_ok) {
+        ml[2 * (g + 8)] = m_hi;
+        ml[2 * (g + 8) + 1] = l_hi;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int d0 = o_dim(j, 2 * t);  // columns d0, d0 + 1: one 64-bit store per row
+      if (lo_ok) *reinterpret_cast<F32x2*>(os + g * ST + d0) = F32x2{o[j][0], o[j][1]};
+      if constexpr (R16) {
+        if (hi_ok) *reinterpret_cast<F32x2*>(os + (g + 8) * ST + d0) = F32x2{o[j][2], o[j][3]};
+      }
+    }
+  }
+};
+
+// Source of K and V for WarpDecoder::step: a SwizzledSmemChunks (kernels/common/swizzle.cuh) slot
+// holding K then V of one sub-tile, each as D/64 boxes of TOK rows x 128 B with the 128B swizzle
+// (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B, and the cp.async copies below write by
+// hand). Read by a WarpDecoder through its precomputed per-lane offsets (K: 16-byte loads, V:
+// ldmatrix.x4.trans).
+//
+// Fill a slot of this layout with rows [tok0, tok0 + TOK) of a K and a V plane (row stride D
+// elements) by cp.async, 16 bytes per lane per copy: no register result, so nothing waits until
+// cp.async.wait_group. Rows >= limit are zero-filled without reading global memory.
+template <int TOK, int D>
+GQADRV_DEVICE void copy_tile_cp_async(u32 slot, const u16* kbase, const u16* vbase, int tok0, int limit, int lane) {
+  constexpr int NB = D / 64, CHUNKS = TOK * NB * 8;  // 16-byte chunks of K (or V)
+#pragma unroll
+  for (int k = 0; k < CHUNKS / 32; ++k) {
+    const int idx = lane + 32 * k;
+    const int r = idx / (NB * 8), c = idx - r * (NB * 8);
+    const bool ok = tok0 + r < limit;
+    const long long off = ok ? (long long)(tok0 + r) * D + 8 * c : 0;
+    const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+    cp_async_16(dst, kbase + off, ok ? 16u : 0u);
+    cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+  }
+}
+
+// Copy the ROWS x D query rows of a (batch, KV head) into shared memory by cp.async, rows >= group
+// zero-filled (all NTHREADS threads of the CTA take part; read after wait_group + __syncthreads).
+// Loaded into registers instead, Q is moved into MMA operand registers right after its load, and
+// those moves hold back every later instruction, loads included, for a full round trip.
+template <int ROWS, int D, int NTHREADS>
+GQADRV_DEVICE void stage_q_cp_async(u16* s_q, const u16* q_rows, int group) {
+  for (int i = threadIdx.x; i < ROWS * D / 8; i += NTHREADS) {
+    const bool ok = i / (D / 8) < group;
+    cp_async_16(smem_u32(s_q + 8 * i), q_rows + (ok ? 8 * i : 0), ok ? 16u : 0u);
+  }
+}

@@ -1,0 +1,69 @@
+// gqadrv — GQA decode, short route (capacity <= W*TOK, 64 by default): latency-first, no ring.
+// Built for sm_80 and newer ("smxx": sm_80, sm_90a, sm_100a, sm_110a; it is also the short route of
+// the portable and tcgen05-family paths). Entry point gqa_decode_short(GqaArgs).
+//
+// CTA work   one (batch b, KV head kvh); grid B*Hkv, num_splits is always 1: the normalised output
+//            of the group's query heads over the whole request (one softmax state per warp,
+//            merged by the CTA).
+// Warps      GQA_WARPS warps; warp w owns tokens [w*TOK, (w+1)*TOK) of the request. Right after
+//            griddepcontrol.wait every thread issues its share of the copies, all cp.async (no
+//            register result, so nothing stalls until the single wait): Q into s_q, and its warp's
+//            K and V rows into the warp's slot in the 128B-swizzled layout of the pipelined routes.
+//            Rows are bounded by the capacity C (known on the host), not by the device length, so
+//            the length load and every copy are in flight at once: one memory round trip. Rows >= C
+//            are zero-filled without reading memory; rows >= len are masked by the step (scores
+//            -inf, V rows zeroed). Then one WarpDecoder step from shared memory, the same code as
+//            the pipelined routes. (Loading K, V and Q into registers instead, ptxas issued half of
+//            the V loads only after the Q operand moves and the first QK MMAs: two round trips.)
+// Tiles      one sub-tile of TOK tokens per warp (GQA_TOK, 16 by default: W*TOK >= C); mma.sync
+//            m16n8k16 with ROWS = 8 or 16 query rows (WarpDecoder, gqa/common/warp.cuh).
+// Smem map   [0, W*SLOT) the warps' slots (SLOT = K then V, D/64 boxes of TOK rows x 128 B,
+//            1024-byte aligned); afterwards the same bytes hold the per-warp states (MergeArea:
+//            W x ROWS x {m,l} and W x ROWS x (D+8) fp32, see StateLayout), merged by all threads into
+//            the fp16/bf16 output. s_q[ROWS][D] (padding rows zero) is static shared memory.
+// Barriers   cp.async.wait_group 0 + __syncthreads before the step (Q is copied by the whole CTA),
+//            __syncthreads before store_state (the slots become the merge area) and before the
+//            merge (cta_finish_and_epilogue, gqa/common/cta.cuh); no mbarriers.
+#include "../common/config.cuh"
+#include "../common/cta.cuh"
+
+namespace {
+constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
+constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+}
+
+extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const GqaArgs args) {
+  extern __shared__ __align__(1024) u8 smem[];
+  __shared__ u32 s_ticket;
+  __shared__ __align__(16) u16 s_q[ROWS * D];  // this CTA's query rows, padding rows zero
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  GQA_MARK(args, 0);
+  pdl_wait();
+  GQA_MARK(args, 1);
+  const int b = (int)blockIdx.x / args.hkv, kvh = (int)blockIdx.x - b * args.hkv;  // num_splits == 1
+  const int raw_len = args.lengths[b];
+  stage_q_cp_async<ROWS, D, W * 32>(s_q, args.q + ((long long)b * args.hkv + kvh) * args.group * D, args.group);
+  const int tok0 = warp * TOK;
+  u8* slot = smem + (size_t)warp * SLOT_BYTES;
+  {
+    const long long plane = (long long)args.capacity * D;
+    copy_tile_cp_async<TOK, D>(smem_u32(slot), args.kv + (((long long)b * 2) * args.hkv + kvh) * plane,
+                               args.kv + (((long long)b * 2 + 1) * args.hkv + kvh) * plane, tok0, args.capacity,
+                               lane);
+  }
+  cp_async_commit();
+  const CtaSchedule sc = make_schedule(args, TOK, raw_len);
+  GQA_MARK(args, 2);
+  WarpDecoder<DT, D, ROWS, TOK> dec;
+  dec.init(lane);
+  cp_async_wait<0>();
+  __syncthreads();  // Q and every slot have landed
+  {
+    const int g = lane >> 2;
+    dec.load_q(s_q + g * D, ROWS == 16 ? s_q + (g + 8) * D : nullptr);
+  }
+  if (tok0 < args.capacity) dec.step(SwizzledSmemChunks{slot}, tok0, sc.len, args.scale_log2);
+  pdl_launch_dependents();
+  cta_finish_and_epilogue<W, false>(dec, args, sc, smem, &s_ticket, warp);  // never split
+}

@@ -1,0 +1,153 @@
+"""CPU tests of the op layer (gqadrv/ops) and of the floors between packages."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+
+from gqadrv.ops import contract as oc
+from gqadrv.ops import oracle
+from gqadrv.ops.bounded import BoundedMap
+from gqadrv.runtime.module import TMAP, ArgPack, NamedStruct, Signature
+
+PKG = pathlib.Path(__file__).resolve().parents[2] / "gqadrv"
+
+
+# ----------------------------------------------------------------------------- floors
+def _imports(path: pathlib.Path) -> set[str]:
+    """gqadrv-internal modules a file imports (relative imports resolved)."""
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    pkg = parts if path.name == "__init__.py" else parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("gqadrv"):
+                out.add(mod)
+                out.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("gqadrv"))
+    return out
+
+
+FLOOR = {"runtime": 0, "_version": 0, "ops": 1, "gqa": 2, "mla": 2, "merge": 2, "cli": 3, "__main__": 4}
+
+
+def _floor(mod: str) -> int | None:
+    parts = mod.split(".")
+    if len(parts) < 2:
+        return None  # the package itself (re-exports)
+    return FLOOR.get(parts[1])
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
+def test_each_module_imports_only_lower_floors(path):
+    rel = path.relative_to(PKG)
+    if rel.name == "__init__.py" and len(rel.parts) == 1:
+        return  # gqadrv/__init__.py re-exports the families
+    own = FLOOR[rel.parts[0].removesuffix(".py")]
+    for mod in _imports(path):
+        f = _floor(mod)
+        if f is None:
+            continue
+        assert f <= own, f"{rel} (floor {own}) imports {mod} (floor {f})"
+        if own == 2 and f == 2:  # op families never import each other's internals
+            assert mod.split(".")[1] == rel.parts[0], f"{rel} imports another family: {mod}"
+
+
+def test_nobody_imports_the_cli():
+    for path in PKG.rglob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        assert not any(m.startswith("gqadrv.cli") for m in _imports(path)), path
+
+
+# ----------------------------------------------------------------------------- bounded map
+def test_bounded_map_evicts_oldest_and_builds_once():
+    m = BoundedMap(3)
+    for i in range(5):
+        m.put(i, i * 10)
+    assert len(m) == 3 and 0 not in m and 1 not in m and m.get(4) == 40
+    calls = []
+    assert m.get_or_create("k", lambda: calls.append(1) or "v") == "v"
+    assert m.get_or_create("k", lambda: calls.append(1) or "w") == "v" and calls == [1]
+
+
+# ----------------------------------------------------------------------------- named structs
+def test_named_struct_layout_follows_c_rules():
+    s = NamedStruct("S", ("a", "i"), ("p", "Q"), ("f", "f"))
+    assert [(n, o) for n, o, _ in s.fields] == [("a", 0), ("p", 8), ("f", 16)]
+    assert s.size == 24 and s.align == 8
+
+
+def test_arg_pack_by_name_and_field_patch():
+    s = NamedStruct("S", ("q", "Q"), ("out", "Q"), ("scale", "f"), ("n", "i"))
+    sig = Signature(("map", TMAP), ("args", s))
+    pack = ArgPack(sig).pack(bytes(range(128)), {"q": 1, "out": 2, "scale": 0.5, "n": 7})
+    assert pack.get_field("args.out") == 2 and pack.get_field("args.n") == 7
+    pack.set_field("args.out", 0xDEAD0000)
+    assert pack.get_field("args.out") == 0xDEAD0000 and pack.get_field("args.q") == 1
+    assert pack.bytes()[:128] == bytes(range(128))  # the tensor map is untouched
+    with pytest.raises(KeyError, match="no struct field 'args.missing'"):
+        pack.set_field("args.missing", 1)
+    with pytest.raises(ValueError, match="missing fields"):
+        ArgPack(sig).pack(bytes(128), {"q": 1})
+
+
+# ----------------------------------------------------------------------------- contract helpers
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "1", None, True, 1e300, 1j])
+def test_positive_scale_rejects_with_value_error(bad):
+    with pytest.raises(ValueError, match="q_scale"):
+        oc.check_positive_scale("q_scale", bad)
+
+
+def test_choice_names_the_argument():
+    assert oc.check_choice("backend", " Hopper ", ("auto", "hopper")) == "hopper"
+    with pytest.raises(TypeError, match="backend must be None or one of"):
+        oc.check_choice("backend", 123, ("auto", "hopper"))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        oc.check_choice("backend", "cuda", ("auto", "hopper"))
+
+
+# ----------------------------------------------------------------------------- prepared objects
+def test_launch_prepared_rejects_other_objects():
+    import gqadrv
+
+    for bad in (None, object(), {"Q": 1}):
+        with pytest.raises(TypeError, match="launch_prepared expects an object returned by a prepare_"):
+            gqadrv.launch_prepared(bad)
+    with pytest.raises(TypeError, match="check_status expects a prepared object"):
+        gqadrv.check_status(None)
+
+
+# ----------------------------------------------------------------------------- oracle helpers
+def test_masked_softmax_lse_and_empty_rows():
+    s = np.array([[1.0, 2.0, 3.0], [5.0, np.nan, 1.0]])
+    valid = np.array([[True, True, False], [False, False, False]])
+    p, lse = oracle.masked_softmax_lse(s, valid)
+    np.testing.assert_allclose(p[0], [np.exp(1) / (np.exp(1) + np.exp(2)), np.exp(2) / (np.exp(1) + np.exp(2)), 0])
+    np.testing.assert_allclose(lse[0], np.log(np.exp(1) + np.exp(2)))
+    assert np.all(p[1] == 0) and lse[1] == np.inf
+
+
+def test_merge_states_equals_attention_over_the_union():
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((4, 10))
+    v = rng.standard_normal((4, 10, 8))
+    full, lse = oracle.attend(s, np.ones_like(s, bool), v)
+    parts = [oracle.attend(s[:, a:b], np.ones((4, b - a), bool), v[:, a:b]) for a, b in ((0, 3), (3, 3), (3, 10))]
+    m, ml = oracle.merge_states([p[0] for p in parts], [p[1] for p in parts])
+    np.testing.assert_allclose(m, full, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ml, lse, rtol=1e-12)
+    e, el = oracle.merge_states([parts[1][0]], [parts[1][1]])  # all empty
+    assert np.all(e == 0) and np.all(el == np.inf)
