@@ -7,8 +7,10 @@ Each op family (``gqadrv.gqa``, ...) exports its public names here; ``launch_pre
 """
 
 from ._version import __version__
-from . import gqa
+from . import gqa, mla
 from .gqa import *  # noqa: F401,F403 - the family's __all__
+from .mla import *  # noqa: F401,F403
 from .ops.prepared import Prepared, check_status, launch_prepared
+from .ops.registry import FeatureError
 
-__all__ = ["Prepared", "__version__", "check_status", "launch_prepared", *gqa.__all__]
+__all__ = ["FeatureError", "Prepared", "__version__", "check_status", "launch_prepared", *gqa.__all__, *mla.__all__]

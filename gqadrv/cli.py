@@ -12,9 +12,9 @@ from pathlib import Path
 
 def _ops() -> tuple:
     """The op families (each package's OP record); the CLI hard-codes none of their details."""
-    from . import gqa
+    from . import gqa, mla
 
-    return (gqa.OP,)
+    return (gqa.OP, mla.OP)
 
 
 def cmd_info(args) -> int:

@@ -67,9 +67,14 @@ def test_stream_override_does_not_stick():
     s1.synchronize()
     check(cp.asnumpy(o).astype(np.float64), gqa_decode_reference(q, kv, old), "float16", "override launch")
     assert p.stream == s0.ptr and p.plans[0].stream == s0.ptr
+    with s0:
+        d_new = cp.asarray(new)
+    s0.synchronize()
     _spin(s0)                      # s0 busy ...
     with s0:
-        dl.set(new)                # ... then the producer writes the new lengths on s0
+        dl[...] = d_new            # ... then a device-side producer writes the new lengths on s0
+    # (a host -> device copy from pageable memory would block the host until s0 is idle, which
+    # orders everything and hides the defect)
     gqadrv.launch_prepared(p)      # must be ordered on s0, behind the producer
     s0.synchronize()
     check(cp.asnumpy(o).astype(np.float64), gqa_decode_reference(q, kv, new), "float16", "prepare-time stream")
@@ -89,10 +94,11 @@ def test_mixed_framework_inputs_are_each_ordered(path):
     ts = torch.cuda.Stream()
     tl = torch.full((2,), 1500, dtype=torch.int32, device="cuda")
     o = cp.empty_like(dq)
-    torch.cuda.synchronize()
+    t_new = torch.from_numpy(new).to("cuda")   # device data before the producer runs (a pageable host
+    torch.cuda.synchronize()                   # copy inside the producer would block the host instead)
     with torch.cuda.stream(ts):
         torch.cuda._sleep(int(100e6))
-        tl.copy_(torch.from_numpy(new).to("cuda", non_blocking=True))
+        tl.copy_(t_new)
         if path == "convenience":
             gqadrv.gqa_decode(dq, dkv, tl, out=o)           # launch stream: CuPy's current one
         else:

@@ -125,7 +125,7 @@ def test_split_merge_resets_its_counters_every_launch(shape, splits, backend):
     o = cp.empty_like(dq)
     p = gqadrv.prepare_gqa_decode(Q=dq, KV=dkv, O=o, sequence_lengths=dlen, num_splits=splits, backend=backend)
     assert p.num_splits == splits
-    counters = p._keep[4].arrays[2]
+    counters = p._keep[4].arrays["counters"]
     states = length_states(B, C, n=10) + [np.full(B, -3, np.int32), np.full(B, C + 5, np.int32)]
     for lens in states:
         dlen.set(lens)

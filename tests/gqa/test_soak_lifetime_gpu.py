@@ -49,7 +49,7 @@ def test_soak_10000_graph_replays(report):
             if not np.all(np.abs(got - ref) <= 1e-2 + 1e-2 * np.abs(ref)):
                 mismatches += 1
     s.synchronize()
-    counters = p._keep[4].arrays[2]  # the split workspace's arrival counters
+    counters = p._keep[4].arrays["counters"]  # the split workspace's arrival counters
     assert int(cp.count_nonzero(counters)) == 0
     assert mismatches == 0
     report(f"soak: 10000 graph replays (num_splits 12), {checks} oracle checks, {mismatches} mismatches, "

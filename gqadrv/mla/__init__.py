@@ -1,0 +1,26 @@
+"""gqadrv.mla: multi-head latent attention decode (DeepSeek MLA, FlashMLA's API without torch)."""
+
+from ..ops.registry import OpRecord as _OpRecord
+from . import routes as _routes
+from .api import MlaSchedMeta, PreparedMlaDecode, flash_mla_with_kvcache, get_mla_metadata, prepare_mla_decode
+from .reference import mla_decode_reference
+
+__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "flash_mla_with_kvcache", "get_mla_metadata", "mla_decode_reference",
+           "prepare_mla_decode"]
+
+
+def _describe(cc: tuple[int, int]) -> str:
+    try:
+        return f"MLA decode: backend {_routes.backend_for_cc(cc)!r}"
+    except RuntimeError as exc:
+        return f"MLA decode: unavailable ({exc})"
+
+
+def _selftest(rng, gpu: bool) -> list:
+    from . import selftest
+
+    return selftest.cpu_cases(rng) + (selftest.gpu_cases(rng) if gpu else [])
+
+
+OP = _OpRecord(name="mla", variants_for_arch=_routes.variants_for_arch, describe=_describe, selftest=_selftest,
+               bench_spec=None)

@@ -1,0 +1,203 @@
+"""Public MLA decode API, FlashMLA-compatible for the dense path, torch-free.
+
+    meta, _ = get_mla_metadata()            # FlashMLA's names; the arguments are accepted and ignored
+    out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta,
+                                      softmax_scale=None, causal=False)
+    p = prepare_mla_decode(q, k_cache, block_table, cache_seqlens, out=o, lse=l)
+    out, lse = launch_prepared(p)           # one cuLaunchKernelEx, graph-capturable
+
+Unlike FlashMLA, the split plan never depends on the lengths on the host: each CTA derives its
+token range from ``cache_seqlens`` on the device at every launch, so one metadata object (or one
+prepared object, or one captured graph) stays valid when the lengths change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..ops import workspace as _workspace
+from ..ops.plans import launch_packed
+from ..ops.prepared import Prepared
+from ..ops.registry import FeatureError
+from ..runtime import driver as _drv
+from ..runtime import tensors as _tensors
+from ..runtime.streams import device_hint, is_capturing, on_stream, order_inputs, resolve_stream
+from . import contract as _contract
+from . import kernel_spec as _ks
+from . import plan as _plan
+
+__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "flash_mla_with_kvcache", "get_mla_metadata", "prepare_mla_decode"]
+
+_SPARSE_ARGS = ("indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+                "extra_topk_length")
+
+
+@dataclasses.dataclass
+class MlaSchedMeta:
+    """What ``get_mla_metadata`` returns (FlashMLA's ``FlashMLASchedMeta`` role).
+
+    The first ``flash_mla_with_kvcache`` call that receives it records its configuration and split
+    count; later calls must use the same configuration (ValueError otherwise) and reuse them. The
+    split plan itself is derived on the device from ``cache_seqlens`` at every launch, so, unlike
+    FlashMLA's metadata, this object stays valid when the lengths change (one object per model is
+    enough)."""
+
+    config: tuple | None = None
+    num_splits: int | None = None
+
+    @property
+    def have_initialized(self) -> bool:
+        return self.config is not None
+
+
+def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[MlaSchedMeta, None]:
+    """FlashMLA-compatible: returns ``(MlaSchedMeta(), None)``. Both calling forms of FlashMLA are
+    accepted (the current no-argument form and the older ``(cache_seqlens, num_q_tokens_per_head_k,
+    num_heads_k, ...)`` form); no argument is needed, since gqadrv computes the schedule on the
+    device at every launch."""
+    return MlaSchedMeta(), None
+
+
+def _check_dense_only(is_fp8_kvcache: Any, sparse: dict) -> None:
+    given = [k for k, v in sparse.items() if v is not None]
+    if is_fp8_kvcache:
+        given.insert(0, "is_fp8_kvcache=True")
+    if given:
+        raise FeatureError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse / FP8 MLA paths, which "
+                           "gqadrv does not implement yet; only dense BF16/FP16 decode is available")
+
+
+def _splits(problem, num_splits: Any, meta: MlaSchedMeta | None) -> int:
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+            raise TypeError("num_splits must be None (gqadrv schedules on the device) or an int in "
+                            f"[1, {_ks.MAX_SPLITS}]; got {type(num_splits).__name__} (FlashMLA's num_splits tensor "
+                            "from the old get_mla_metadata is not needed)")
+        if not 1 <= num_splits <= _ks.MAX_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {_ks.MAX_SPLITS}], got {num_splits}")
+    if meta is None:
+        return num_splits or _plan.default_splits(problem)
+    config = (problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.page_size, problem.max_blocks,
+              problem.causal, problem.dtype, problem.device)
+    if meta.config is None:
+        meta.config = config
+        meta.num_splits = num_splits or _plan.default_splits(problem)
+    elif meta.config != config:
+        raise ValueError(f"tile_scheduler_metadata was initialised for (b, s_q, h_q, h_kv, page, max_blocks, causal, "
+                         f"dtype, device) = {meta.config}, this call has {config}; use one metadata object per "
+                         "configuration")
+    return num_splits or meta.num_splits
+
+
+def _outputs(problem, out, lse, s: int, dl: int | None):
+    """Caller-given or new out / lse: (out obj, lse obj, out ptr, lse ptr, out strides)."""
+    ov, lv = _contract.validate_outputs(problem, out, lse, stream=dl)
+    new_out = new_lse = None
+    with on_stream(s, problem.device):
+        if ov is None:
+            new_out = _tensors.empty((problem.b, problem.s_q, problem.h_q, _ks.D_V), problem.dtype, problem.device)
+        if lv is None:
+            new_lse = _tensors.empty((problem.b, problem.h_q, problem.s_q), "float32", problem.device)
+    o_ptr = ov.ptr if ov is not None else int(new_out.data.ptr)
+    l_ptr = lv.ptr if lv is not None else int(new_lse.data.ptr)
+    o_strides = ov.strides if ov is not None else (problem.s_q * problem.h_q * _ks.D_V, problem.h_q * _ks.D_V, _ks.D_V)
+    return new_out, new_lse, o_ptr, l_ptr, o_strides
+
+
+def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: int = 512,
+                           tile_scheduler_metadata: Any = None, num_splits: Any = None, softmax_scale: Any = None,
+                           causal: bool = False, is_fp8_kvcache: bool = False, indices: Any = None,
+                           attn_sink: Any = None, extra_k_cache: Any = None, extra_indices_in_kvcache: Any = None,
+                           topk_length: Any = None, extra_topk_length: Any = None, *, out: Any = None,
+                           lse: Any = None, stream: Any = None, backend: str | None = None) -> tuple[Any, Any]:
+    """MLA decode with FlashMLA's names, argument order, shapes and semantics (dense path).
+
+    q [b, s_q, h_q, 576] fp16/bf16; k_cache [num_blocks, page_size, h_kv, 576] (page_size a power of
+    two 1..256; V = first 512 channels); block_table int32 [b, max_blocks]; cache_seqlens int32 [b]
+    on the device (clamped to [0, max_blocks * page_size]); head_dim_v 512. Returns
+    ``(out [b, s_q, h_q, 512], lse fp32 [b, h_q, s_q])`` in q's framework: the natural-log LSE of the
+    scaled logits, +inf with a zero output for rows without keys. ``softmax_scale`` is absolute
+    (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
+    [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
+    ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
+    ``lse`` to write into, ``stream``, ``backend`` ('auto', 'wgmma', 'mma').
+    """
+    _check_dense_only(is_fp8_kvcache, dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+                                           extra_indices_in_kvcache=extra_indices_in_kvcache,
+                                           topk_length=topk_length, extra_topk_length=extra_topk_length))
+    if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MlaSchedMeta):
+        raise TypeError("tile_scheduler_metadata must be None or the object returned by gqadrv.get_mla_metadata, "
+                        f"got {type(tile_scheduler_metadata).__name__}")
+    _drv.ensure_init()
+    fw = _tensors.framework_of(q)
+    dev = device_hint(q)
+    s = resolve_stream(stream, dev, fw)
+    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
+    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    splits = _splits(problem, num_splits, tile_scheduler_metadata)
+    variant, loaded = _plan.route(problem, backend)
+    new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
+    ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
+    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
+    fields = _plan.args_fields(problem, o_strides, o_ptr, l_ptr, ws, splits)
+    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, (fields,), problem.device)
+    with on_stream(s, problem.device):
+        o = out if out is not None else _tensors.export_like(new_out, q)
+        lo = lse if lse is not None else _tensors.export_like(new_lse, q)
+    return o, lo
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class PreparedMlaDecode(Prepared):
+    """Immutable result of ``prepare_mla_decode``; ``launch_prepared`` returns ``(out, lse)``."""
+
+    route: str
+    num_splits: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    workspace_bytes: int
+    arch: str
+    batch: int
+    capacity: int
+
+    def __repr__(self) -> str:
+        return (f"PreparedMlaDecode(route={self.route!r}, num_splits={self.num_splits}, grid={self.grid}, "
+                f"block={self.block}, smem={self.dynamic_smem}, workspace_bytes={self.workspace_bytes}, "
+                f"arch={self.arch!r}, device={self.device})")
+
+
+def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: int = 512, *,
+                       out: Any = None, lse: Any = None, softmax_scale: Any = None, causal: bool = False,
+                       num_splits: Any = None, stream: Any = None, backend: str | None = None) -> PreparedMlaDecode:
+    """Validate, route, compile, allocate (outputs when not given, workspace) and pack once; then
+    ``launch_prepared(p)`` is one cuLaunchKernelEx that reads the current lengths, block table,
+    q and cache contents on the device (update them in place between launches or graph replays).
+    The split count depends only on the shapes, so any lengths up to the capacity stay valid."""
+    _drv.ensure_init()
+    fw = _tensors.framework_of(q)
+    dev = device_hint(q)
+    s = resolve_stream(stream, dev, fw)
+    if is_capturing(s):
+        raise RuntimeError("prepare_mla_decode must be called outside CUDA-graph capture (it allocates and "
+                           "synchronizes); capture launch_prepared instead")
+    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
+    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    splits = _splits(problem, num_splits, None)
+    variant, loaded = _plan.route(problem, backend)
+    new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
+    ws = _workspace.alloc(problem.device, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
+    launch = _plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr, ws=ws,
+                                splits=splits, stream=s)
+    with _drv.device_scope(problem.device):
+        _drv.check(_drv.driver().cuStreamSynchronize(s), "cuStreamSynchronize(prepare_mla_decode)")
+    with on_stream(s, problem.device):
+        o = out if out is not None else _tensors.export_like(new_out, q)
+        lo = lse if lse is not None else _tensors.export_like(new_lse, q)
+    return PreparedMlaDecode(
+        device=problem.device, _plans=(launch,), _out=(o, lo),
+        _keep=(q, k_cache, block_table, cache_seqlens, o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
+        route=variant.name, num_splits=splits, grid=launch.grid, block=launch.block, dynamic_smem=launch.smem,
+        workspace_bytes=ws.nbytes, arch=loaded.arch, batch=problem.b, capacity=problem.capacity,
+    )

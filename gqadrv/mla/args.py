@@ -1,0 +1,13 @@
+"""Host mirror of the MLA decode kernels' argument block (kernels/mla/common/args.cuh:
+struct MlaDecodeArgs). Field list from ``kernel_spec.FIELDS``; ``tests/mla/test_mla_host.py``
+parses the header and compares names and offsets."""
+
+from __future__ import annotations
+
+from ..runtime.module import NamedStruct, Signature
+from . import kernel_spec as _ks
+
+__all__ = ["MLA_ARGS", "SIG"]
+
+MLA_ARGS = NamedStruct("MlaDecodeArgs", *_ks.FIELDS)
+SIG = Signature(("args", MLA_ARGS))

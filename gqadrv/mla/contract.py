@@ -1,0 +1,165 @@
+"""The MLA dense decode contract (FlashMLA's ``flash_mla_with_kvcache`` dense path), checked before
+any launch.
+
+q [b, s_q, h_q, 576] fp16/bf16; k_cache [num_blocks, page_size, h_kv, 576] of q's dtype, V = the
+first 512 channels of K; block_table int32 [b, max_blocks]; cache_seqlens int32 [b] (device data,
+never read here). Every tensor needs a contiguous last dimension; other strides are free as long as
+rows stay 16-byte aligned (strides multiple of 8 elements). Errors: TypeError for dtypes,
+ValueError for shapes, devices, strides, alignment, scales; FeatureError (NotImplementedError)
+for the sparse path's arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..ops import contract as _oc
+from ..runtime.tensors import TensorView, as_view
+from . import kernel_spec as _ks
+
+__all__ = ["D_QK", "D_V", "MAX_HEADS_KV", "MAX_HEADS_Q", "MlaProblem", "SUPPORTED_DTYPES", "validate"]
+
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+D_QK, D_V = _ks.D_QK, _ks.D_V
+MAX_HEADS_Q = 128
+MAX_HEADS_KV = 8
+MAX_BATCH = 65535  # grid.z
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaProblem:
+    b: int
+    s_q: int
+    h_q: int
+    h_kv: int
+    group: int
+    page_size: int
+    num_blocks: int
+    max_blocks: int
+    dtype: str
+    device: int
+    q: TensorView
+    k_cache: TensorView
+    block_table: TensorView
+    seqlens: TensorView
+    softmax_scale: float
+    causal: bool
+
+    @property
+    def capacity(self) -> int:
+        return self.max_blocks * self.page_size
+
+    @property
+    def m_rows(self) -> int:
+        return self.s_q * self.group
+
+
+def _rows_16b(v: TensorView) -> None:
+    """Every row of 576 channels starts on a 16-byte boundary (the kernels copy 16-byte chunks)."""
+    _oc.require_inner_contiguous(v)
+    _oc.require_aligned(v)
+    bad = [s for s, n in zip(v.strides[:-1], v.shape[:-1]) if n > 1 and s % 8]
+    if bad:
+        raise ValueError(f"{v.name} strides {v.strides} (elements) must be multiples of 8 (16-byte aligned rows)")
+
+
+def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: Any, softmax_scale: Any,
+             causal: Any, *, stream: int | None) -> MlaProblem:
+    """Check every host-visible rule; ``stream`` as in ``gqa.contract.validate``."""
+    if head_dim_v != D_V:
+        raise ValueError(f"head_dim_v must be {D_V} (V = the first {D_V} of the {D_QK} K channels), got {head_dim_v!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    qv = as_view(q, "q", stream=stream, cupy_ordered=True)
+    if qv.ndim != 4:
+        raise ValueError(f"q must have shape [batch, s_q, h_q, {D_QK}], got {_oc.shape_str(qv)}")
+    b, s_q, h_q, d = qv.shape
+    _oc.require_dtype(qv, SUPPORTED_DTYPES)
+    if d != D_QK:
+        raise ValueError(f"q head dim must be {D_QK} (512 latent + 64 RoPE channels), got {d}")
+    if not 1 <= b <= MAX_BATCH:
+        raise ValueError(f"batch must be in [1, {MAX_BATCH}], got q shape {_oc.shape_str(qv)}")
+    if s_q < 1:
+        raise ValueError(f"s_q must be positive, got q shape {_oc.shape_str(qv)}")
+    if not 1 <= h_q <= MAX_HEADS_Q:
+        raise ValueError(f"h_q must be in [1, {MAX_HEADS_Q}], got {h_q}")
+    _rows_16b(qv)
+
+    kv = as_view(k_cache, "k_cache", stream=stream, cupy_ordered=True)
+    if kv.ndim != 4:
+        raise ValueError(f"k_cache must have shape [num_blocks, page_size, h_kv, {D_QK}], got {_oc.shape_str(kv)}")
+    nblk, page, h_kv, dk = kv.shape
+    _oc.require_dtype(kv, SUPPORTED_DTYPES, like=qv)
+    if dk != D_QK:
+        raise ValueError(f"k_cache head dim must be {D_QK}, got {dk}")
+    if nblk < 1:
+        raise ValueError(f"k_cache must hold at least one page, got shape {_oc.shape_str(kv)}")
+    if page not in _ks.PAGE_SIZES:
+        raise ValueError(f"page_size (k_cache dim 1) must be a power of two in [1, 256], got {page}")
+    if not 1 <= h_kv <= MAX_HEADS_KV:
+        raise ValueError(f"h_kv (k_cache dim 2) must be in [1, {MAX_HEADS_KV}], got {h_kv}")
+    if h_q % h_kv:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
+    _oc.require_same_device(kv, qv)
+    _rows_16b(kv)
+
+    bt = as_view(block_table, "block_table", stream=stream, cupy_ordered=True)
+    if bt.dtype != "int32":
+        raise TypeError(f"block_table must have dtype int32, got {bt.dtype}")
+    if bt.ndim != 2 or bt.shape[0] != b or bt.shape[1] < 1:
+        raise ValueError(f"block_table must have shape [{b}, max_blocks >= 1], got {_oc.shape_str(bt)}")
+    _oc.require_inner_contiguous(bt)
+    _oc.require_same_device(bt, qv)
+    _oc.require_aligned(bt, 4)
+    max_blocks = bt.shape[1]
+    if max_blocks * page > 2**31 - 1:
+        raise ValueError(f"max_blocks * page_size = {max_blocks * page} exceeds the int32 token range")
+
+    lv = as_view(cache_seqlens, "cache_seqlens", stream=stream, cupy_ordered=True)
+    if lv.dtype != "int32":
+        raise TypeError(f"cache_seqlens must have dtype int32, got {lv.dtype}")
+    if lv.shape != (b,):
+        raise ValueError(f"cache_seqlens must have shape ({b},), got {_oc.shape_str(lv)}")
+    _oc.require_contiguous(lv)
+    _oc.require_same_device(lv, qv)
+    _oc.require_aligned(lv, 4)
+    for v in (qv, kv):
+        _oc.require_no_grad(v)
+    if softmax_scale is None:
+        scale = D_QK ** -0.5
+    else:
+        scale = _oc.check_positive_scale("softmax_scale", softmax_scale, limit=_oc.F32_MAX / math.log2(math.e))
+    return MlaProblem(b, s_q, h_q, h_kv, h_q // h_kv, page, nblk, max_blocks, qv.dtype, qv.device, qv, kv, bt, lv,
+                      scale, causal)
+
+
+def validate_outputs(problem: MlaProblem, out: Any, lse: Any, *, stream: int | None) -> tuple:
+    """Caller-given out [b, s_q, h_q, 512] (q's dtype, last dim contiguous, 16-byte rows) and lse
+    fp32 [b, h_q, s_q] (contiguous); either may be None (allocated)."""
+    ov = lv = None
+    ins = (problem.q, problem.k_cache, problem.block_table, problem.seqlens)
+    if out is not None:
+        ov = as_view(out, "out", stream=stream, cupy_ordered=True)
+        want = (problem.b, problem.s_q, problem.h_q, D_V)
+        if ov.shape != want:
+            raise ValueError(f"out must have shape {list(want)}, got {_oc.shape_str(ov)}")
+        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=problem.q)
+        _oc.require_same_device(ov, problem.q)
+        _rows_16b(ov)
+        _oc.require_writable(ov)
+        _oc.require_no_overlap(ov, ins)
+        _oc.require_no_grad(ov)
+    if lse is not None:
+        lv = as_view(lse, "lse", stream=stream, cupy_ordered=True)
+        want = (problem.b, problem.h_q, problem.s_q)
+        if lv.shape != want:
+            raise ValueError(f"lse must have shape {list(want)}, got {_oc.shape_str(lv)}")
+        if lv.dtype != "float32":
+            raise TypeError(f"lse must have dtype float32, got {lv.dtype}")
+        _oc.require_contiguous(lv)
+        _oc.require_same_device(lv, problem.q)
+        _oc.require_writable(lv)
+        _oc.require_no_overlap(lv, ins + ((ov,) if ov is not None else ()))
+    return ov, lv

@@ -1,0 +1,73 @@
+"""Building MLA decode launches: route + kernel, split count, workspace, the named argument block
+and the ``LaunchPlan`` (PDL on). Split-KV is merged inside the kernel (the last CTA of each
+(request, KV head, row block) merges), so one launch per decode; the split bounds come from the
+device-side lengths at every launch."""
+
+from __future__ import annotations
+
+from ..ops import kernels as _kernels
+from ..ops.bounded import BoundedMap
+from ..ops.kernels import Loaded
+from ..ops.workspace import Workspace
+from ..runtime import driver as _drv
+from ..runtime.module import ArgPack, LaunchPlan
+from . import kernel_spec as _ks
+from . import routes as _routes
+from .contract import MlaProblem
+
+__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "route", "workspace_sizes"]
+
+WORKSPACE_ZERO = ("counters",)
+_routes_cache = BoundedMap(256)
+
+
+def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
+    key = (problem.device, problem.dtype, backend)
+    hit = _routes_cache.get(key)
+    if hit is None:
+        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, backend)
+        hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
+    return hit
+
+
+def default_splits(problem: MlaProblem) -> int:
+    info = _drv.device_info(problem.device)
+    return _routes.default_splits(problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.capacity,
+                                  info.sm_count)
+
+
+def workspace_sizes(problem: MlaProblem, splits: int) -> dict:
+    """{name: (elements, type)} for ops.workspace (kernel_spec gives bytes)."""
+    nbytes = _ks.workspace_sizes(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
+    return {"ws_o": (nbytes["ws_o"] // 4, "f32"), "ws_ml": (nbytes["ws_ml"] // 4, "f32"),
+            "counters": (nbytes["counters"] // 4, "u32")}
+
+
+def args_fields(problem: MlaProblem, out, out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int) -> dict:
+    """The MlaDecodeArgs block by field name; ``out`` = (shape strides in elements) of the output."""
+    q, k = problem.q, problem.k_cache
+    o_strides = out
+    return {
+        "q": q.ptr, "k_cache": k.ptr, "block_table": problem.block_table.ptr, "cache_seqlens": problem.seqlens.ptr,
+        "out": out_ptr, "lse": lse_ptr,
+        "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
+        "counters": ws.ptr("counters") if ws else 0,
+        "q_stride_b": q.strides[0], "q_stride_s": q.strides[1], "q_stride_h": q.strides[2],
+        "k_stride_block": k.strides[0], "k_stride_tok": k.strides[1], "k_stride_head": k.strides[2],
+        "o_stride_b": o_strides[0], "o_stride_s": o_strides[1], "o_stride_h": o_strides[2],
+        "bt_stride": problem.block_table.strides[0],
+        "b": problem.b, "s_q": problem.s_q, "h_q": problem.h_q, "h_kv": problem.h_kv, "group": problem.group,
+        "m_rows": problem.m_rows, "num_m_blocks": _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv),
+        "page_size": problem.page_size, "page_shift": _ks.page_shift(problem.page_size),
+        "max_blocks": problem.max_blocks, "num_splits": splits,
+        "flags": _ks.FLAG_CAUSAL if problem.causal else 0,
+        "scale_log2": _ks.scale_log2(problem.softmax_scale), "pad0": 0,
+    }
+
+
+def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loaded, *, out_strides: tuple,
+                 out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int, stream: int) -> LaunchPlan:
+    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
+    fields = args_fields(problem, out_strides, out_ptr, lse_ptr, ws, splits)
+    pack = ArgPack(variant.family.signature).pack(fields)
+    return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)

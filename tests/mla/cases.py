@@ -1,0 +1,78 @@
+"""Deterministic MLA decode oracle grid for the GPU tests (float64 oracle, NaN-poisoned pages).
+
+Each case draws its axes from the issue's grid with co-prime strides, so every value of every axis
+appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 4}, h_q {1, 3, 16,
+63, 64, 128} x h_kv {1, 2}, lengths {0, 1, 63, 64, 65, 4096, ragged}, page {1, 16, 32, 64, 128, 256},
+causal on/off, bf16/fp16, splits auto / 1 / 7, and every third case also on the mma.sync backend.
+Inputs are made non-contiguous (q, k_cache and block_table are slices of wider arrays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+BATCHES = (1, 2, 37, 128)
+S_QS = (1, 2, 4)
+HEADS = ((1, 1), (3, 1), (16, 1), (63, 1), (64, 1), (128, 1), (16, 2), (64, 2), (128, 2), (2, 2))
+LENGTHS = ("0", "1", "63", "64", "65", "4096", "ragged")
+PAGES = (1, 16, 32, 64, 128, 256)
+SPLITS = (None, 1, 7)
+N_CASES = 320
+TOL = {"float16": 1e-2, "bfloat16": 2e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaCase:
+    idx: int
+    b: int
+    s_q: int
+    h_q: int
+    h_kv: int
+    lengths: str
+    page: int
+    causal: bool
+    dtype: str
+    splits: int | None
+    backend: str | None
+
+    @property
+    def label(self) -> str:
+        return (f"{self.idx}:b{self.b}s{self.s_q}h{self.h_q}/{self.h_kv}L{self.lengths}p{self.page}"
+                f"{'c' if self.causal else ''}{self.dtype[:2]}S{self.splits}{self.backend or ''}")
+
+    def lens(self, rng) -> np.ndarray:
+        if self.lengths == "ragged":
+            return rng.integers(-3, 700, size=self.b).astype(np.int32)
+        n = int(self.lengths)
+        return np.full(self.b, n, np.int32)
+
+
+def grid() -> list[MlaCase]:
+    out = []
+    for i in range(N_CASES):
+        b = BATCHES[i % 4]
+        L = LENGTHS[(i * 3) % 7]
+        if L == "4096" and b > 2:
+            b = 1 + i % 2  # the float64 oracle of 4096 tokens stays small
+        h_q, h_kv = HEADS[(i * 7) % len(HEADS)]
+        if b == 128 and h_q > 16:
+            h_q, h_kv = 16, 1
+        out.append(MlaCase(i, b, S_QS[(i // 4) % 3], h_q, h_kv, L, PAGES[(i * 5) % 6], bool((i // 3) % 2),
+                           ("bfloat16", "float16")[(i // 7) % 2], SPLITS[(i // 2) % 3], "mma" if i % 3 == 2 else None))
+    return out
+
+
+def strided_inputs(q, k, bt):
+    """Device copies that are non-contiguous views: q and k_cache padded in the last dim, the block
+    table with a wider row stride (last dims stay contiguous, rows 16-byte aligned)."""
+    import cupy as cp
+
+    qw = cp.zeros(q.shape[:-1] + (640,), q.dtype)
+    qw[..., :576] = cp.asarray(q)
+    kw = cp.full(k.shape[:-1] + (640,), np.nan, k.dtype)
+    kw[..., :576] = cp.asarray(k)
+    bw = cp.full((bt.shape[0], bt.shape[1] + 3), 2147480000, np.int32)
+    bw[:, : bt.shape[1]] = cp.asarray(bt)
+    return qw[..., :576], kw[..., :576], bw[:, : bt.shape[1]]

@@ -1,0 +1,153 @@
+"""MLA dense decode on the GPU against the float64 oracle: the grid of tests/mla/cases.py, graph
+replays with lengths and block tables changed in place, torch / JAX interop, metadata reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gqadrv.mla.reference import mla_decode_reference
+from gqadrv.mla.selftest import make_case
+from tests.helpers import record_error
+from tests.mla.cases import TOL, grid, strided_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+def check(got_o, got_l, ref_o, ref_l, dtype, label):
+    g = np.asarray(got_o, np.float64)
+    tol = TOL[dtype]
+    assert np.all(np.isfinite(g)), f"{label}: non-finite output"
+    err = np.abs(g - ref_o)
+    bad = err > tol + tol * np.abs(ref_o)
+    assert not bad.any(), f"{label}: {int(bad.sum())} out elements off, max {err.max():.3e}"
+    gl = np.asarray(got_l, np.float64)
+    inf = ~np.isfinite(ref_l)
+    assert np.array_equal(np.isposinf(gl), inf), f"{label}: lse +inf mismatch"
+    lerr = np.abs(gl[~inf] - ref_l[~inf]) if (~inf).any() else np.zeros(1)
+    assert np.all(lerr <= 1e-3 + 1e-3 * np.abs(ref_l[~inf])), f"{label}: lse off by {lerr.max():.3e}"
+    record_error(f"mla {label} out", float(err.max()) if err.size else 0.0)
+    record_error(f"mla {label} lse", float(lerr.max()))
+
+
+@pytest.mark.parametrize("case", grid(), ids=lambda c: c.label)
+def test_oracle_grid(case):
+    import cupy as cp
+
+    import gqadrv
+
+    rng = np.random.default_rng(case.idx)
+    lens = case.lens(rng)
+    q, k, bt, ln = make_case(rng, case.b, case.s_q, case.h_q, case.h_kv, case.page, lens, case.dtype)
+    dq, dk, dbt = strided_inputs(q, k, bt)
+    meta, _ = gqadrv.get_mla_metadata()
+    o, lse = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
+                                           causal=case.causal, backend=case.backend)
+    ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, case.causal)
+    assert o.shape == (case.b, case.s_q, case.h_q, 512) and lse.shape == (case.b, case.h_q, case.s_q)
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, case.dtype, f"grid {case.backend or 'auto'}")
+    # a second call with the same metadata object reuses it (split counters were reset by the kernel)
+    o2, lse2 = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
+                                             causal=case.causal, backend=case.backend)
+    assert cp.array_equal(o2, o) and cp.array_equal(lse2, lse)
+
+
+def _graph_case(seed=0, b=4, h_q=64, page=16, L=2000):
+    rng = np.random.default_rng(seed)
+    q, k, bt, ln = make_case(rng, b, 1, h_q, 1, page, [L] * b, "bfloat16")
+    return rng, q, k, bt, ln
+
+
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_cupy_graph_replay_follows_lengths_and_block_table(splits):
+    """One prepared object captured in a CuPy graph; lengths and the block table change in place
+    between replays (including 0, 1 and the capacity), and every replay matches the oracle."""
+    import cupy as cp
+
+    import gqadrv
+
+    rng, q, k, bt, ln = _graph_case()
+    dq, dk, dbt, dl = cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln)
+    o = cp.full((4, 1, 64, 512), np.nan, q.dtype)
+    lse = cp.empty((4, 64, 1), cp.float32)
+    st = cp.cuda.Stream(non_blocking=True)
+    p = gqadrv.prepare_mla_decode(dq, dk, dbt, dl, out=o, lse=lse, num_splits=splits, stream=st)
+    with st:
+        st.begin_capture()
+        gqadrv.launch_prepared(p)
+        g = st.end_capture()
+    cap = bt.shape[1] * 16
+    for state in ([2000, 2000, 2000, 2000], [0, 1, cap, 17], [5, 1999, 0, 640], [cap + 9, -4, 333, 1]):
+        ln2 = np.array(state, np.int32)
+        bt2 = bt.copy()
+        for i in range(4):  # shuffle each request's used pages (the table changes in place too)
+            n = -(-min(max(int(ln2[i]), 0), cap) // 16)
+            n0 = -(-int(ln[i]) // 16)
+            if n <= n0:
+                bt2[i, :n] = rng.permutation(bt[i, :n])
+        dl.set(ln2)
+        dbt.set(bt2)
+        g.launch(st)
+        st.synchronize()
+        ro, rl = mla_decode_reference(q, k, bt2, ln2, 512, None, False)
+        check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", "graph replay")
+
+
+def test_torch_interop_and_torch_graph():
+    torch = pytest.importorskip("torch")
+    import gqadrv
+
+    rng, q, k, bt, ln = _graph_case(1, b=2, h_q=16, page=64, L=1500)
+    tq = torch.from_numpy(q.view(np.uint16).astype(np.int32)).to(torch.int16).view(torch.bfloat16).cuda()
+    tk = torch.from_numpy(k.view(np.uint16).astype(np.int32)).to(torch.int16).view(torch.bfloat16).cuda()
+    tbt, tl = torch.from_numpy(bt).cuda(), torch.from_numpy(ln).cuda()
+    o, lse = gqadrv.flash_mla_with_kvcache(tq, tk, tbt, tl, 512, causal=False)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    ro, rl = mla_decode_reference(q, k, bt, ln, 512)
+    check(o.float().cpu().numpy(), lse.cpu().numpy(), ro, rl, "bfloat16", "torch")
+    out = torch.empty((2, 1, 16, 512), dtype=torch.bfloat16, device="cuda")
+    ls = torch.empty((2, 16, 1), dtype=torch.float32, device="cuda")
+    p = gqadrv.prepare_mla_decode(tq, tk, tbt, tl, out=out, lse=ls, stream=torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            gqadrv.launch_prepared(p, torch.cuda.current_stream())
+    tl.copy_(torch.tensor([7, 1500], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    ro, rl = mla_decode_reference(q, k, bt, np.array([7, 1500]), 512)
+    check(out.float().cpu().numpy(), ls.cpu().numpy(), ro, rl, "bfloat16", "torch graph")
+
+
+def test_jax_interop():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import gqadrv
+
+    rng, q, k, bt, ln = _graph_case(2, b=2, h_q=16, page=32, L=700)
+    jq, jk = jnp.asarray(q), jnp.asarray(k)
+    o, lse = gqadrv.flash_mla_with_kvcache(jq, jk, jnp.asarray(bt), jnp.asarray(ln), 512)
+    assert isinstance(o, jax.Array) and isinstance(lse, jax.Array)
+    ro, rl = mla_decode_reference(q, k, bt, ln, 512)
+    check(np.asarray(o, np.float64), np.asarray(lse), ro, rl, "bfloat16", "jax")
+
+
+def test_metadata_is_checked_and_sparse_arguments_are_refused():
+    import cupy as cp
+
+    import gqadrv
+
+    rng, q, k, bt, ln = _graph_case(3, b=2, h_q=16, page=16, L=100)
+    dq, dk, dbt, dl = cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln)
+    meta, none = gqadrv.get_mla_metadata(dl, 16, 1)  # FlashMLA's older calling form is accepted
+    assert none is None and not meta.have_initialized
+    gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, meta)
+    assert meta.have_initialized
+    with pytest.raises(ValueError, match="tile_scheduler_metadata was initialised"):
+        gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, meta, causal=True)
+    with pytest.raises(NotImplementedError, match="indices"):
+        gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, None, indices=dl)
+    with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
+        gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, None, is_fp8_kvcache=True)
