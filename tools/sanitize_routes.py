@@ -8,7 +8,8 @@ meant to be run under compute-sanitizer:
  ones an older driver lacks would otherwise be listed as API errors; device errors are unaffected.)
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
-0, negative, > capacity and poisoned (NaN) padding. Exit code 0 when every result matches the oracle.
+0, negative, > capacity and poisoned (NaN) padding; MLA decode (wgmma and mma.sync, 1 and 3 splits,
+causal, NaN-poisoned pages and block-table entries). Exit code 0 when every result matches the oracle.
 """
 
 import os
@@ -50,6 +51,7 @@ def main() -> int:
             ok = err < 2e-2
             bad += not ok
             print(f"{name:15s} {label:12s} route={p.route} splits={p.num_splits} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+    bad += _mla_routes(cp, gqadrv, rng)
     x = cp.asarray(rng.standard_normal((2, 2, 300, 200)).astype(np.float32))
     s = cp.asnumpy(tma_ring_reduce(x))
     h = cp.asnumpy(x).astype(np.float64)
@@ -60,6 +62,25 @@ def main() -> int:
     bad += not ok
     print(f"proof tma_ring_reduce {'OK' if ok else 'FAIL'}")
     return 1 if bad else 0
+
+
+def _mla_routes(cp, gqadrv, rng) -> int:
+    """MLA decode: wgmma and mma.sync routes, 1 and 3 splits, causal s_q 2, lengths 0 / > capacity,
+    NaN-poisoned unused pages and block-table entries."""
+    from gqadrv.mla.reference import mla_decode_reference
+    from gqadrv.mla.selftest import make_case
+
+    bad = 0
+    for backend, splits, s_q, page in (("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
+        q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
+        o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                               num_splits=splits, causal=s_q > 1, backend=backend)
+        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, s_q > 1)
+        err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
+        ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
+        bad += not ok
+        print(f"mla {backend:6s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+    return bad
 
 
 if __name__ == "__main__":
