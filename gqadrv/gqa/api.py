@@ -17,7 +17,7 @@ from typing import Any
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..ops.prepared import Prepared
+from ..ops.prepared import PreparedDecode
 from ..ops.replay import ReplayCache
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
@@ -122,23 +122,8 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
 
 # ----------------------------------------------------------------------------- prepared API
 @dataclasses.dataclass(frozen=True, repr=False)
-class PreparedGqaDecode(Prepared):
+class PreparedGqaDecode(PreparedDecode):
     """Immutable result of ``prepare_gqa_decode``; launch it with ``launch_prepared``."""
-
-    route: str
-    num_splits: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dynamic_smem: int
-    workspace_bytes: int
-    arch: str
-    batch: int
-    capacity: int
-
-    def __repr__(self) -> str:
-        return (f"PreparedGqaDecode(route={self.route!r}, num_splits={self.num_splits}, grid={self.grid}, "
-                f"block={self.block}, smem={self.dynamic_smem}, workspace_bytes={self.workspace_bytes}, "
-                f"arch={self.arch!r}, device={self.device})")
 
 
 _PREP_KEYS = ("Q", "KV", "O", "sequence_lengths")

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..ops.prepared import Prepared
+from ..ops.prepared import PreparedDecode
 from ..ops.registry import FeatureError
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
@@ -90,6 +90,21 @@ def _splits(problem, num_splits: Any, meta: MlaSchedMeta | None) -> int:
     return num_splits or meta.num_splits
 
 
+def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse, stream, who: str,
+            capture_ok: bool):
+    """Resolve the stream, order every input's producer before it, validate: (problem, stream,
+    DLPack stream)."""
+    _drv.ensure_init()
+    dev = device_hint(q)
+    s = resolve_stream(stream, dev, _tensors.framework_of(q))
+    if not capture_ok and is_capturing(s):
+        raise RuntimeError(f"{who} must be called outside CUDA-graph capture (it allocates and synchronizes); "
+                           "capture launch_prepared instead")
+    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
+    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    return problem, s, dl
+
+
 def _outputs(problem, out, lse, s: int, dl: int | None):
     """Caller-given or new out / lse: (out obj, lse obj, out ptr, lse ptr, out strides)."""
     ov, lv = _contract.validate_outputs(problem, out, lse, stream=dl)
@@ -129,12 +144,8 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
     if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MlaSchedMeta):
         raise TypeError("tile_scheduler_metadata must be None or the object returned by gqadrv.get_mla_metadata, "
                         f"got {type(tile_scheduler_metadata).__name__}")
-    _drv.ensure_init()
-    fw = _tensors.framework_of(q)
-    dev = device_hint(q)
-    s = resolve_stream(stream, dev, fw)
-    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
-    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
+                             stream, "flash_mla_with_kvcache", capture_ok=True)
     splits = _splits(problem, num_splits, tile_scheduler_metadata)
     variant, loaded = _plan.route(problem, backend)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
@@ -149,23 +160,8 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class PreparedMlaDecode(Prepared):
+class PreparedMlaDecode(PreparedDecode):
     """Immutable result of ``prepare_mla_decode``; ``launch_prepared`` returns ``(out, lse)``."""
-
-    route: str
-    num_splits: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dynamic_smem: int
-    workspace_bytes: int
-    arch: str
-    batch: int
-    capacity: int
-
-    def __repr__(self) -> str:
-        return (f"PreparedMlaDecode(route={self.route!r}, num_splits={self.num_splits}, grid={self.grid}, "
-                f"block={self.block}, smem={self.dynamic_smem}, workspace_bytes={self.workspace_bytes}, "
-                f"arch={self.arch!r}, device={self.device})")
 
 
 def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: int = 512, *,
@@ -175,15 +171,8 @@ def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: An
     ``launch_prepared(p)`` is one cuLaunchKernelEx that reads the current lengths, block table,
     q and cache contents on the device (update them in place between launches or graph replays).
     The split count depends only on the shapes, so any lengths up to the capacity stay valid."""
-    _drv.ensure_init()
-    fw = _tensors.framework_of(q)
-    dev = device_hint(q)
-    s = resolve_stream(stream, dev, fw)
-    if is_capturing(s):
-        raise RuntimeError("prepare_mla_decode must be called outside CUDA-graph capture (it allocates and "
-                           "synchronizes); capture launch_prepared instead")
-    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
-    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
+                             stream, "prepare_mla_decode", capture_ok=False)
     splits = _splits(problem, num_splits, None)
     variant, loaded = _plan.route(problem, backend)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)

@@ -20,7 +20,7 @@ from ..runtime import driver as _drv
 from ..runtime.module import LaunchPlan
 from ..runtime.streams import resolve_stream
 
-__all__ = ["Prepared", "check_status", "launch_prepared"]
+__all__ = ["Prepared", "PreparedDecode", "check_status", "launch_prepared"]
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -46,6 +46,26 @@ class Prepared:
     @property
     def plans(self) -> tuple[LaunchPlan, ...]:
         return self._plans
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class PreparedDecode(Prepared):
+    """A prepared decode launch with the facts a user may want to inspect (route = module name)."""
+
+    route: str
+    num_splits: int
+    grid: tuple
+    block: tuple
+    dynamic_smem: int
+    workspace_bytes: int
+    arch: str
+    batch: int
+    capacity: int
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(route={self.route!r}, num_splits={self.num_splits}, grid={self.grid}, "
+                f"block={self.block}, smem={self.dynamic_smem}, workspace_bytes={self.workspace_bytes}, "
+                f"arch={self.arch!r}, device={self.device})")
 
 
 def launch_prepared(prepared: Prepared, stream: Any = None) -> Any:
