@@ -22,5 +22,11 @@ def _selftest(rng, gpu: bool) -> list:
     return selftest.cpu_cases(rng) + (selftest.gpu_cases(rng) if gpu else [])
 
 
+def _bench_spec():
+    from .bench import SPEC
+
+    return SPEC
+
+
 OP = _OpRecord(name="mla", variants_for_arch=_routes.variants_for_arch, describe=_describe, selftest=_selftest,
-               bench_spec=None)
+               bench_spec=_bench_spec)

@@ -1,20 +1,37 @@
-"""Host-side mirror of the MLA dense decode kernel (kernels/mla/sm90/dense_decode.cu).
+"""Host-side mirror of the MLA dense decode kernels (kernels/mla/sm90/dense_decode*.cu).
 
-Everything the host needs to build, size and launch the kernel, with no GPU access and no imports
-outside the standard library (``gqadrv.runtime`` is imported lazily, only by ``signature()``):
+Everything the host needs to build, size and launch each kernel variant, with no GPU access and no
+imports outside the standard library (``gqadrv.runtime`` is imported lazily, only by ``signature()``):
 
 * ``FIELDS`` / ``FORMAT``: the by-value ``MlaDecodeArgs`` struct (kernels/mla/common/args.cuh), in
-  order, with explicit padding; ``pack_args(**values)`` gives the tuple for ``ArgPack.pack``.
-* ``SOURCE``, ``ENTRY``, ``BLOCK_THREADS``, ``defines(dtype, variant)``, ``dynamic_smem_bytes()``.
-* ``launch_geometry(b, s_q, h_q, h_kv, num_splits) -> (grid, block, smem)``.
-* ``workspace_sizes(b, s_q, h_q, h_kv, num_splits)`` and ``choose_num_splits(...)``.
+  order, with explicit padding; ``pack_args(**values)`` gives the tuple for ``ArgPack.pack``. Every
+  variant takes the same struct as its only parameter.
+* ``KERNELS``: one ``KernelVariant`` per variant (source, entry, threads, rows per CTA, dynamic shared
+  memory, fixed defines, arches, the M range it is meant for); ``kernel(name)`` looks one up.
+* Per-variant helpers (``variant`` keyword, default the original "wgmma" kernel so that callers
+  written for the single-kernel API keep working): ``defines(dtype, variant)``,
+  ``dynamic_smem_bytes(variant=...)``, ``num_m_blocks(...)``, ``launch_geometry(...)``,
+  ``workspace_sizes(...)``, ``choose_num_splits(...)``.
+* ``choose_variant(s_q, h_q, h_kv, arch)``: the suggested variant for a shape.
 
-Variants: "wgmma" (MLA_MMA=1, sm_90a only) and "mma" (MLA_MMA=0, mma.sync + ldmatrix; compiles for
-sm_90a and sm_100a; the 226 KB shared-memory footprint rules out sm_80/sm_120 launches).
+Variants (all read the same arguments, write the same outputs and merge splits in-kernel):
+  "seesaw"    sm_90a, wgmma; 64 packed rows per CTA, two consumer warpgroups splitting the 512
+              output columns, FlashMLA-style seesaw schedule with cp.async + mbarriers. For M > 32
+              packed rows per KV head (compute-bound at h_q 64 / 128).
+  "narrow16"  sm_90a, wgmma with the 64 tokens of a tile as M (S^T = K Q^T, O^T += V^T P^T); 16 rows
+              per CTA, one consumer warpgroup + one producer warp, a 25-piece (200 KB) cp.async ring.
+              For M <= 16 (memory-bound, e.g. h_q 16 s_q 1).
+  "narrow32"  the same with 32 rows per CTA (23-piece ring): 16 < M <= 32.
+  "wgmma"     the original simple kernel (wgmma, MLA_MMA=1), any M; correct fallback.
+  "mma"       the original kernel on mma.sync + ldmatrix (MLA_MMA=0); the only one for sm_100a.
+
+``VARIANTS`` / ``VARIANT_ARCHES`` / ``SOURCE`` / ``ENTRY`` / ``BLOCK_THREADS`` / ``SMEM_BYTES`` keep
+describing the original two-variant kernel (dense_decode.cu) for existing callers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import struct
@@ -24,16 +41,17 @@ SOURCE = "mla/sm90/dense_decode.cu"  # relative to the kernels root (compile_mod
 ARGS_HEADER = "mla/common/args.cuh"
 ENTRY = "mla_dense_decode"
 BLOCK_THREADS = 256
-BLOCK_M = 64        # packed query rows (s_q x heads of one KV head) per CTA
+BLOCK_M = 64        # packed query rows (s_q x heads of one KV head) per CTA (original kernel)
 BLOCK_N = 64        # tokens per K tile
 D_QK = 576
 D_V = 512
 MAX_SPLITS = 512
 PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
-VARIANTS = {"wgmma": 1, "mma": 0}
+VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
 VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
+SMEM_LIMIT = 232448  # H100 / H200 / B200 opt-in dynamic shared memory per block (227 KB)
 
 # (field, struct format char) in MlaDecodeArgs order. Q: pointer, q: int64, i: int32, f: float.
 FIELDS = (
@@ -75,72 +93,179 @@ FORMAT = "<" + "".join(c for _, c in FIELDS)
 ARGS_BYTES = struct.calcsize(FORMAT)
 assert ARGS_BYTES % 8 == 0, ARGS_BYTES
 
-# Shared-memory map (mirrors the constants in dense_decode.cu, which static_asserts against
-# MLA_SMEM_BYTES): Q + 2 K stages (64 x 576 x 2 B each), P (64 x 64 x 2 B), 2 x 512 B exchanges,
-# 16 B ticket, plus 1 KB so the kernel can round its base up to a 1024-byte boundary.
+# Shared-memory map of the original kernel (mirrors the constants in dense_decode.cu, which
+# static_asserts against MLA_SMEM_BYTES): Q + 2 K stages (64 x 576 x 2 B each), P (64 x 64 x 2 B),
+# 2 x 512 B exchanges, 16 B ticket, plus 1 KB so the kernel can round its base up to 1024 bytes.
 _TILE_BYTES = BLOCK_N * D_QK * 2
 _SMEM_USED = 3 * _TILE_BYTES + BLOCK_M * BLOCK_N * 2 + 512 + 512 + 16
 SMEM_BYTES = _SMEM_USED + 1024  # 231440 (the H100/H200 opt-in limit is 232448)
 
+# Seesaw map (dense_decode_seesaw.cu): Q + K0 + K1 (72 KB each; sP0 aliases K0's RoPE block), sP1
+# 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 19 mbarriers (160 B), ticket 16 B.
+_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 160 + 16
+SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 231856
 
-def dynamic_smem_bytes(defines: dict | None = None) -> int:
-    """Dynamic shared memory per CTA (the same for every define combination today)."""
-    return SMEM_BYTES
+
+def _narrow_used(nq: int, nslot: int) -> int:
+    # Q (9 x nq x 128 B) + P (nq x 128 B) + ring (nslot x 8 KB) + red/lred (2 x 4 x nq x 4 B)
+    # + (2 nslot + 2) mbarriers + ticket
+    return 9 * nq * 128 + nq * 128 + nslot * 8192 + 2 * 4 * nq * 4 + 8 * (2 * nslot + 2) + 16
 
 
-def defines(dtype: str, variant: str = "wgmma") -> dict:
-    """Compile-time defines for one module: dtype 'bfloat16'/'bf16' or 'float16'/'fp16'."""
+def _narrow_slots(nq: int) -> int:
+    n = 0
+    while _narrow_used(nq, n + 1) + 1024 <= SMEM_LIMIT:
+        n += 1
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelVariant:
+    """One compiled kernel family member (per dtype a separate module)."""
+
+    name: str
+    source: str             # path under the kernels root
+    entry: str              # extern "C" kernel name
+    threads: int            # block size (x)
+    block_m: int            # packed query rows per CTA (workspace row block)
+    smem_bytes: int         # dynamic shared memory per CTA (includes 1 KB alignment slack)
+    fixed_defines: tuple    # ((name, value), ...) besides MLA_DT / MLA_SMEM_BYTES
+    arches: tuple           # targets it compiles for
+    max_rows: int | None    # largest M = s_q * h_q / h_kv it is meant for (None: any)
+    doc: str = ""
+
+    def defines(self, dtype: str, watchdog: bool = False) -> dict:
+        d = {"MLA_DT": DTYPES[_dtype_name(dtype)], "MLA_SMEM_BYTES": self.smem_bytes, **dict(self.fixed_defines)}
+        if watchdog:
+            d["MLA_WATCHDOG"] = 1
+        return d
+
+
+_N16, _N32 = _narrow_slots(16), _narrow_slots(32)
+KERNELS = {
+    "seesaw": KernelVariant(
+        "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 256, 64, SEESAW_SMEM_BYTES,
+        (), ("sm_90a",), None, "two consumer warpgroups, seesaw schedule; compute-bound M > 32"),
+    "narrow16": KernelVariant(
+        "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 160, 16,
+        _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
+        "tokens as wgmma M, producer warp + piece ring; memory-bound M <= 16"),
+    "narrow32": KernelVariant(
+        "narrow32", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 160, 32,
+        _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32)), ("sm_90a",), 32,
+        "as narrow16 with 32 rows per CTA; 16 < M <= 32"),
+    "wgmma": KernelVariant(
+        "wgmma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 1),), ("sm_90a",), None,
+        "original kernel, wgmma, no overlap between phases"),
+    "mma": KernelVariant(
+        "mma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0),), ("sm_90a", "sm_100a"), None,
+        "original kernel on mma.sync + ldmatrix (sm_100a fallback)"),
+}
+assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_bytes for k, v in KERNELS.items()}
+
+
+def kernel(variant: str) -> KernelVariant:
+    try:
+        return KERNELS[variant]
+    except KeyError:
+        raise ValueError(f"unknown MLA variant {variant!r}; use one of {sorted(KERNELS)}") from None
+
+
+def _dtype_name(dtype: str) -> str:
     dt = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(dtype, dtype)
     if dt not in DTYPES:
         raise ValueError(f"MLA decode supports float16 and bfloat16, got {dtype!r}")
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown MLA variant {variant!r}; use one of {sorted(VARIANTS)}")
-    return {"MLA_DT": DTYPES[dt], "MLA_MMA": VARIANTS[variant], "MLA_SMEM_BYTES": SMEM_BYTES}
+    return dt
 
 
-def num_m_blocks(s_q: int, h_q: int, h_kv: int) -> int:
-    return -(-(s_q * (h_q // h_kv)) // BLOCK_M)
+def dynamic_smem_bytes(defines: dict | None = None, variant: str | None = None) -> int:
+    """Dynamic shared memory per CTA: of ``variant``, or read from a defines dict (MLA_SMEM_BYTES)."""
+    if variant is not None:
+        return kernel(variant).smem_bytes
+    if defines and "MLA_SMEM_BYTES" in defines:
+        return int(defines["MLA_SMEM_BYTES"])
+    return SMEM_BYTES
 
 
-def launch_geometry(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int):
-    """((grid_x, grid_y, grid_z), (256, 1, 1), dynamic smem bytes). grid = (nmb * S, h_kv, b)."""
+def defines(dtype: str, variant: str = "wgmma", watchdog: bool = False) -> dict:
+    """Compile-time defines for one module: dtype 'bfloat16'/'bf16' or 'float16'/'fp16'.
+
+    ``watchdog=True`` adds MLA_WATCHDOG=1 (seesaw / narrow: an mbarrier wait that lasts > 4 s traps
+    instead of hanging; development only, the wait loops are otherwise unchanged)."""
+    return kernel(variant).defines(dtype, watchdog)
+
+
+def num_m_blocks(s_q: int, h_q: int, h_kv: int, variant: str = "wgmma") -> int:
+    return -(-(s_q * (h_q // h_kv)) // kernel(variant).block_m)
+
+
+def launch_geometry(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, variant: str = "wgmma"):
+    """((grid_x, grid_y, grid_z), (threads, 1, 1), dynamic smem bytes). grid = (nmb * S, h_kv, b)."""
     _check_heads(h_q, h_kv)
+    kv = kernel(variant)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if not 1 <= b <= 65535:
         raise ValueError(f"batch {b} out of range for grid.z (1..65535)")
-    nmb = num_m_blocks(s_q, h_q, h_kv)
-    return (nmb * num_splits, h_kv, b), (BLOCK_THREADS, 1, 1), SMEM_BYTES
+    if not 1 <= h_kv <= 65535:
+        raise ValueError(f"h_kv {h_kv} out of range for grid.y (1..65535)")
+    nmb = num_m_blocks(s_q, h_q, h_kv, variant)
+    return (nmb * num_splits, h_kv, b), (kv.threads, 1, 1), kv.smem_bytes
 
 
-def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int) -> dict:
+def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, variant: str = "wgmma") -> dict:
     """Bytes of each workspace buffer. ws_o / ws_ml are 0 when num_splits == 1 (unused; pass 0).
 
-    counters must be zeroed once at allocation; the kernel leaves them at zero after every launch.
+    Layout: ws_o [b, h_kv, nmb, S, block_m, 512] fp32, ws_ml [b, h_kv, nmb, S, block_m, 2] fp32,
+    counters [b, h_kv, nmb] u32 (block_m and nmb of the variant). counters must be zeroed once at
+    allocation; every variant leaves them at zero after each launch.
     """
-    nmb = num_m_blocks(s_q, h_q, h_kv)
+    bm = kernel(variant).block_m
+    nmb = num_m_blocks(s_q, h_q, h_kv, variant)
     units = b * h_kv * nmb
     if num_splits == 1:
         return {"ws_o": 0, "ws_ml": 0, "counters": 4 * units}
-    rows = units * num_splits * BLOCK_M
+    rows = units * num_splits * bm
     return {"ws_o": 4 * rows * D_V, "ws_ml": 8 * rows, "counters": 4 * units}
 
 
-def choose_num_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity_tokens: int, sm_count: int,
-                      min_tiles_per_split: int = 4) -> int:
-    """Splits per (request, KV head, m-block), from host-known sizes only (never the lengths).
+def choose_variant(s_q: int, h_q: int, h_kv: int, arch: str = "sm_90a") -> str:
+    """Suggested variant: on sm_90a by packed rows per KV head M = s_q * h_q / h_kv (narrow16 for
+    M <= 16, narrow32 for M <= 32, seesaw above); elsewhere the mma.sync build of the original."""
+    _check_heads(h_q, h_kv)
+    if arch not in ("sm_90a", "sm_90"):
+        return "mma"
+    m = s_q * (h_q // h_kv)
+    if m <= 16:
+        return "narrow16"
+    if m <= 32:
+        return "narrow32"
+    return "seesaw"
 
-    Enough CTAs to fill the SMs once (1 CTA per SM), each split keeping at least
-    ``min_tiles_per_split`` 64-token tiles of the capacity, since the merge of S partials
-    (S x 128 KB per m-block, read by one CTA) is not free.
+
+def choose_num_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity_tokens: int, sm_count: int,
+                      min_tiles_per_split: int = 4, variant: str = "wgmma") -> int:
+    """Splits per (request, KV head, row block) from host-known sizes only (never the lengths).
+
+    Every variant runs one CTA per SM. Minimises a simple cost in units of one 64-token tile of one
+    CTA: waves(S) * (tiles / S + 2) + (S > 1) * (1 + merge(S)), waves = ceil(units * S / SMs), where
+    the last CTA's merge reads S partials of block_m rows x 2 KB (one tile is 72 KB), under the
+    constraints tiles / S >= min_tiles_per_split (the seesaw splits in pairs of tiles) and
+    S <= MAX_SPLITS. A grid that already fills the SMs once (units >= SMs * 3 / 4) is not split.
     """
-    units = b * h_kv * num_m_blocks(s_q, h_q, h_kv)
-    if units >= sm_count:
+    kv = kernel(variant)
+    units = b * h_kv * num_m_blocks(s_q, h_q, h_kv, variant)
+    if units * 4 >= sm_count * 3:
         return 1
     tiles = max(1, -(-capacity_tokens // BLOCK_N))
-    s = -(-sm_count // units)
-    s = min(s, max(1, tiles // max(1, min_tiles_per_split)), MAX_SPLITS)
-    return max(1, s)
+    s_max = max(1, min(MAX_SPLITS, tiles // max(1, min_tiles_per_split)))
+    merge_per_split = kv.block_m * D_V * 4 / (BLOCK_N * D_QK * 2)
+
+    def cost(s: int) -> float:
+        waves = -(-(units * s) // sm_count)
+        return waves * (tiles / s + 2.0) + (0.0 if s == 1 else 1.0 + merge_per_split * s)
+
+    return min(range(1, s_max + 1), key=lambda s: (cost(s), s))
 
 
 def pack_args(**values) -> tuple:

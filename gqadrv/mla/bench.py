@@ -1,0 +1,153 @@
+"""MLA decode bench spec (run by ``ops.bench.run``: ``python -m gqadrv bench --op mla``).
+
+Rows: b 128, page 64, bf16, uniform lengths L in {4K, 8K, 16K, 32K} at h_q 16, 64 and 128 (s_q 1),
+s_q 2 at h_q 64 / 128 (L 8K), and one varlen row (lengths L + 2i). For each row gqadrv's prepared
+launch is timed hot (CUDA graph of N calls) and cold (L2 flushed), with the peers that import in
+the same process on the same tensors: DeepSeek's FlashMLA (``flash_mla``, built from source) and
+FlashInfer's ``BatchMLAPagedAttentionWrapper`` (backend fa3). FlashMLA's formulas: FLOPs =
+2·h_q·s_q·Σlen·(576+512); bytes = q + KV (576 channels per token) + out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..ops.bench import BenchSpec, Timer, log
+
+ROWS = ([(128, 1, h, L, "uniform") for h in (128, 64, 16) for L in (4096, 8192, 16384, 32768)]
+        + [(128, 2, h, 8192, "uniform") for h in (64, 128)] + [(128, 1, 128, 8192, "varlen"), (128, 1, 16, 8192, "varlen")])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mla-rows", nargs="*", default=None,
+                   help="MLA rows 'b,s_q,h_q,L[,varlen]' (default: the issue's table)")
+    p.add_argument("--mla-backend", default=None, help="gqadrv MLA backend: auto, wgmma, mma")
+
+
+def _import_peers(args) -> None:
+    for mod in ("torch", "flash_mla", "flashinfer"):
+        if getattr(args, "no_peers", False) and mod != "torch":
+            continue
+        try:
+            __import__(mod)
+        except Exception as exc:  # noqa: BLE001
+            log(f"[bench] {mod} not available: {type(exc).__name__}: {str(exc)[:100]}")
+
+
+def _rows(args) -> list:
+    if args.mla_rows:
+        out = []
+        for t in args.mla_rows:
+            parts = t.split(",")
+            out.append((int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]),
+                        parts[4] if len(parts) > 4 else "uniform"))
+        return out
+    return list(ROWS)
+
+
+def _metrics(h_q, s_q, lens, b, us):
+    tot = sum(lens)
+    flops = 2.0 * h_q * s_q * tot * (576 + 512)
+    nbytes = (b * s_q * h_q * 576 + tot * 576 + b * s_q * h_q * 512) * 2
+    return flops / (us * 1e-6) / 1e12, nbytes / (us * 1e-6) / 1e12
+
+
+def _run_row(item, timer: Timer, args) -> dict:
+    import cupy as cp
+    import numpy as np
+
+    import gqadrv
+
+    b, s_q, h_q, L, kind = item
+    page = 64
+    lens = [L + 2 * i for i in range(b)] if kind == "varlen" else [L] * b
+    max_blocks = -(-max(lens) // page)
+    nb = b * max_blocks
+    rs = cp.random.RandomState(7)
+    k = (rs.standard_normal((nb, page, 1, 576), dtype=cp.float32) / 10).astype(cp.float16)
+    q = (rs.standard_normal((b, s_q, h_q, 576), dtype=cp.float32) / 10).astype(cp.float16)
+    import ml_dtypes  # bf16 like the peers' tables
+
+    k = k.astype(ml_dtypes.bfloat16)
+    q = q.astype(ml_dtypes.bfloat16)
+    bt = cp.arange(nb, dtype=cp.int32).reshape(b, max_blocks)
+    sl = cp.asarray(np.array(lens, np.int32))
+    causal = s_q > 1
+    res: dict = {}
+    torch = sys.modules.get("torch")
+    use_torch = torch is not None
+    try:
+        out = cp.empty((b, s_q, h_q, 512), q.dtype)
+        lse = cp.empty((b, h_q, s_q), cp.float32)
+        p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=args.mla_backend,
+                                      stream=torch.cuda.current_stream() if use_torch else None)
+        fn = lambda: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch else None)  # noqa: E731
+        hot, cold = timer.hot(fn, use_torch), timer.cold(fn)
+        res["gqadrv"] = {"hot_us": hot, "cold_us": cold, "route": p.route, "num_splits": p.num_splits}
+    except Exception as exc:  # noqa: BLE001
+        res["gqadrv"] = {"error": repr(exc)[:300]}
+    if use_torch and not getattr(args, "no_peers", False):
+        tq, tk, tbt, tsl = (torch.from_dlpack(x) for x in (q, k, bt, sl))
+        fm = sys.modules.get("flash_mla")
+        if fm is not None:
+            try:
+                meta, _ = fm.get_mla_metadata()
+                f = lambda: fm.flash_mla_with_kvcache(tq, tk, tbt, tsl, 512, meta, None, causal=causal)  # noqa: E731
+                res["flashmla"] = {"hot_us": timer.hot(f, True), "cold_us": timer.cold(f)}
+            except Exception as exc:  # noqa: BLE001
+                res["flashmla"] = {"error": repr(exc)[:300]}
+        fi = sys.modules.get("flashinfer")
+        if fi is not None and s_q == 1:
+            try:
+                import flashinfer.mla as fmla
+
+                ws = torch.empty(256 << 20, dtype=torch.uint8, device=tq.device)
+                w = fmla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
+                qo = torch.arange(b + 1, dtype=torch.int32, device=tq.device)
+                kvp = torch.arange(0, nb + 1, max_blocks, dtype=torch.int32, device=tq.device)
+                # FlashInfer 0.7 keyword plan (CSR form) and split (nope, rope) query / cache pairs
+                w.plan(qo_indptr=qo, kv_indptr=kvp, kv_indices=tbt.reshape(-1), kv_len_arr=tsl, num_heads=h_q,
+                       head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=576 ** -0.5,
+                       q_data_type=tq.dtype, kv_data_type=tq.dtype)
+                qn, qp = tq[:, 0, :, :512].contiguous(), tq[:, 0, :, 512:].contiguous()
+                ckv, kpe = tk[:, :, 0, :512].contiguous(), tk[:, :, 0, 512:].contiguous()
+                f = lambda: w.run(query=(qn, qp), kv_cache=(ckv, kpe))  # noqa: E731
+                res["flashinfer"] = {"hot_us": timer.hot(f, True), "cold_us": timer.cold(f)}
+            except Exception as exc:  # noqa: BLE001
+                res["flashinfer"] = {"error": repr(exc)[:300]}
+    for v in res.values():
+        if "hot_us" in v:
+            v["hot_TFLOPS"], v["hot_TBps"] = _metrics(h_q, s_q, lens, b, v["hot_us"])
+            v["cold_TFLOPS"], v["cold_TBps"] = _metrics(h_q, s_q, lens, b, v["cold_us"])
+    label = f"b{b} s_q{s_q} h_q{h_q} L{L}{' varlen' if kind == 'varlen' else ''}"
+    return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "results": res}
+
+
+def format_table(meta: dict, rows: list) -> str:
+    out = [f"GPU {meta['gpu']} (cc {meta['cc']}, {meta['sms']} SMs), streaming-read ceiling {meta['ceiling_TBps']:.2f} TB/s, "
+           f"MLA decode bf16 page 64; hot = per call in a graph of {meta['graph_calls']} calls, cold = L2 flushed",
+           "| row | gqadrv hot us | TFLOPS | TB/s | cold us | FlashMLA hot us / TFLOPS / TB/s | FlashInfer hot us / TFLOPS / TB/s | x best peer hot | x best peer cold | route / splits |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        res = r["results"]
+        g = res.get("gqadrv", {})
+        if "hot_us" not in g:
+            out.append(f"| {r['shape']} | error: {g.get('error', '?')[:80]} |")
+            continue
+
+        def peer(name):
+            v = res.get(name, {})
+            return f"{v['hot_us']:.1f} / {v['hot_TFLOPS']:.0f} / {v['hot_TBps']:.2f}" if "hot_us" in v else "-"
+
+        peers = [v for k, v in res.items() if k != "gqadrv" and "hot_us" in v]
+        xh = f"{min(v['hot_us'] for v in peers) / g['hot_us']:.2f}" if peers else "-"
+        xc = f"{min(v['cold_us'] for v in peers) / g['cold_us']:.2f}" if peers else "-"
+        out.append(f"| {r['shape']} | {g['hot_us']:.1f} | {g['hot_TFLOPS']:.0f} | {g['hot_TBps']:.2f} | "
+                   f"{g['cold_us']:.1f} | {peer('flashmla')} | {peer('flashinfer')} | {xh} | {xc} | "
+                   f"{g['route']} / {g['num_splits']} |")
+    return "\n".join(out)
+
+
+SPEC = BenchSpec(name="mla", add_arguments=add_arguments, rows=_rows, run_row=_run_row, format_table=format_table,
+                 import_peers=_import_peers)
