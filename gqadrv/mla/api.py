@@ -68,7 +68,7 @@ def _check_dense_only(is_fp8_kvcache: Any, sparse: dict) -> None:
                            "gqadrv does not implement yet; only dense BF16/FP16 decode is available")
 
 
-def _splits(problem, num_splits: Any, meta: MlaSchedMeta | None) -> int:
+def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int:
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int):
             raise TypeError("num_splits must be None (gqadrv schedules on the device) or an int in "
@@ -77,12 +77,12 @@ def _splits(problem, num_splits: Any, meta: MlaSchedMeta | None) -> int:
         if not 1 <= num_splits <= _ks.MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {_ks.MAX_SPLITS}], got {num_splits}")
     if meta is None:
-        return num_splits or _plan.default_splits(problem)
+        return num_splits or _plan.default_splits(problem, variant)
     config = (problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.page_size, problem.max_blocks,
               problem.causal, problem.dtype, problem.device)
     if meta.config is None:
         meta.config = config
-        meta.num_splits = num_splits or _plan.default_splits(problem)
+        meta.num_splits = num_splits or _plan.default_splits(problem, variant)
     elif meta.config != config:
         raise ValueError(f"tile_scheduler_metadata was initialised for (b, s_q, h_q, h_kv, page, max_blocks, causal, "
                          f"dtype, device) = {meta.config}, this call has {config}; use one metadata object per "
@@ -136,7 +136,7 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
     (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
-    ``lse`` to write into, ``stream``, ``backend`` ('auto', 'wgmma', 'mma').
+    ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'narrow16', 'narrow32', 'wgmma', 'mma').
     """
     _check_dense_only(is_fp8_kvcache, dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
                                            extra_indices_in_kvcache=extra_indices_in_kvcache,
@@ -146,12 +146,13 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
                         f"got {type(tile_scheduler_metadata).__name__}")
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "flash_mla_with_kvcache", capture_ok=True)
-    splits = _splits(problem, num_splits, tile_scheduler_metadata)
     variant, loaded = _plan.route(problem, backend)
+    splits = _splits(problem, variant, num_splits, tile_scheduler_metadata)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
-    ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
-    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
-    fields = _plan.args_fields(problem, o_strides, o_ptr, l_ptr, ws, splits)
+    ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
+    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
+                                            variant.family.name)
+    fields = _plan.args_fields(problem, variant, o_strides, o_ptr, l_ptr, ws, splits)
     launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, (fields,), problem.device)
     with on_stream(s, problem.device):
         o = out if out is not None else _tensors.export_like(new_out, q)
@@ -173,10 +174,10 @@ def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: An
     The split count depends only on the shapes, so any lengths up to the capacity stay valid."""
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "prepare_mla_decode", capture_ok=False)
-    splits = _splits(problem, num_splits, None)
     variant, loaded = _plan.route(problem, backend)
+    splits = _splits(problem, variant, num_splits, None)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
-    ws = _workspace.alloc(problem.device, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
+    ws = _workspace.alloc(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
     launch = _plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr, ws=ws,
                                 splits=splits, stream=s)
     with _drv.device_scope(problem.device):

@@ -15,9 +15,10 @@ imports outside the standard library (``gqadrv.runtime`` is imported lazily, onl
 * ``choose_variant(s_q, h_q, h_kv, arch)``: the suggested variant for a shape.
 
 Variants (all read the same arguments, write the same outputs and merge splits in-kernel):
-  "seesaw"    sm_90a, wgmma; 64 packed rows per CTA, two consumer warpgroups splitting the 512
-              output columns, FlashMLA-style seesaw schedule with cp.async + mbarriers. For M > 32
-              packed rows per KV head (compute-bound at h_q 64 / 128).
+  "seesaw"    sm_90a, wgmma; 64 packed rows per CTA, 384 threads: two consumer warpgroups splitting
+              the 512 output columns (FlashMLA-style seesaw schedule) and a producer warpgroup issuing
+              cp.async into two 72 KB K slots (mbarriers, setmaxnreg 224 / 56). For M > 32 packed rows
+              per KV head (compute-bound at h_q 64 / 128).
   "narrow16"  sm_90a, wgmma with the 64 tokens of a tile as M (S^T = K Q^T, O^T += V^T P^T); 16 rows
               per CTA, one consumer warpgroup + one producer warp, a 25-piece (200 KB) cp.async ring.
               For M <= 16 (memory-bound, e.g. h_q 16 s_q 1).
@@ -49,7 +50,7 @@ MAX_SPLITS = 512
 PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
 VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
-VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a")}  # 226 KB of smem: no sm_80/sm_120
+VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a", "sm_110a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
 SMEM_LIMIT = 232448  # H100 / H200 / B200 opt-in dynamic shared memory per block (227 KB)
 
@@ -101,9 +102,9 @@ _SMEM_USED = 3 * _TILE_BYTES + BLOCK_M * BLOCK_N * 2 + 512 + 512 + 16
 SMEM_BYTES = _SMEM_USED + 1024  # 231440 (the H100/H200 opt-in limit is 232448)
 
 # Seesaw map (dense_decode_seesaw.cu): Q + K0 + K1 (72 KB each; sP0 aliases K0's RoPE block), sP1
-# 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 19 mbarriers (160 B), ticket 16 B.
-_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 160 + 16
-SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 231856
+# 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 23 mbarriers (192 B), ticket 16 B.
+_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 192 + 16
+SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 231888
 
 
 def _narrow_used(nq: int, nslot: int) -> int:
@@ -144,8 +145,8 @@ class KernelVariant:
 _N16, _N32 = _narrow_slots(16), _narrow_slots(32)
 KERNELS = {
     "seesaw": KernelVariant(
-        "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 256, 64, SEESAW_SMEM_BYTES,
-        (), ("sm_90a",), None, "two consumer warpgroups, seesaw schedule; compute-bound M > 32"),
+        "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
+        (), ("sm_90a",), None, "two consumer warpgroups + a cp.async producer warpgroup, seesaw schedule; M > 32"),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 160, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
@@ -158,7 +159,7 @@ KERNELS = {
         "wgmma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 1),), ("sm_90a",), None,
         "original kernel, wgmma, no overlap between phases"),
     "mma": KernelVariant(
-        "mma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0),), ("sm_90a", "sm_100a"), None,
+        "mma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0),), ("sm_90a", "sm_100a", "sm_110a"), None,
         "original kernel on mma.sync + ldmatrix (sm_100a fallback)"),
 }
 assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_bytes for k, v in KERNELS.items()}

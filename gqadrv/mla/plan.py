@@ -22,28 +22,29 @@ _routes_cache = BoundedMap(256)
 
 
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
-    key = (problem.device, problem.dtype, backend)
+    key = (problem.device, problem.dtype, problem.m_rows, backend)
     hit = _routes_cache.get(key)
     if hit is None:
-        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, backend)
+        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend)
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     return hit
 
 
-def default_splits(problem: MlaProblem) -> int:
+def default_splits(problem: MlaProblem, variant: _routes.MlaVariant) -> int:
     info = _drv.device_info(problem.device)
-    return _routes.default_splits(problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.capacity,
+    return _routes.default_splits(variant, problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.capacity,
                                   info.sm_count)
 
 
-def workspace_sizes(problem: MlaProblem, splits: int) -> dict:
+def workspace_sizes(problem: MlaProblem, variant: _routes.MlaVariant, splits: int) -> dict:
     """{name: (elements, type)} for ops.workspace (kernel_spec gives bytes)."""
-    nbytes = _ks.workspace_sizes(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
+    nbytes = _ks.workspace_sizes(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits, variant.family.name)
     return {"ws_o": (nbytes["ws_o"] // 4, "f32"), "ws_ml": (nbytes["ws_ml"] // 4, "f32"),
             "counters": (nbytes["counters"] // 4, "u32")}
 
 
-def args_fields(problem: MlaProblem, out, out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int) -> dict:
+def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: int, lse_ptr: int,
+                ws: Workspace | None, splits: int) -> dict:
     """The MlaDecodeArgs block by field name; ``out`` = (shape strides in elements) of the output."""
     q, k = problem.q, problem.k_cache
     o_strides = out
@@ -57,7 +58,7 @@ def args_fields(problem: MlaProblem, out, out_ptr: int, lse_ptr: int, ws: Worksp
         "o_stride_b": o_strides[0], "o_stride_s": o_strides[1], "o_stride_h": o_strides[2],
         "bt_stride": problem.block_table.strides[0],
         "b": problem.b, "s_q": problem.s_q, "h_q": problem.h_q, "h_kv": problem.h_kv, "group": problem.group,
-        "m_rows": problem.m_rows, "num_m_blocks": _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv),
+        "m_rows": problem.m_rows, "num_m_blocks": _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv, variant.family.name),
         "page_size": problem.page_size, "page_shift": _ks.page_shift(problem.page_size),
         "max_blocks": problem.max_blocks, "num_splits": splits,
         "flags": _ks.FLAG_CAUSAL if problem.causal else 0,
@@ -67,7 +68,8 @@ def args_fields(problem: MlaProblem, out, out_ptr: int, lse_ptr: int, ws: Worksp
 
 def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loaded, *, out_strides: tuple,
                  out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int, stream: int) -> LaunchPlan:
-    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits)
-    fields = args_fields(problem, out_strides, out_ptr, lse_ptr, ws, splits)
+    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
+                                            variant.family.name)
+    fields = args_fields(problem, variant, out_strides, out_ptr, lse_ptr, ws, splits)
     pack = ArgPack(variant.family.signature).pack(fields)
     return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)

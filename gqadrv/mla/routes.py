@@ -1,10 +1,14 @@
 """The MLA route registry: kernel families (from ``kernel_spec``), variants, routing by compute
 capability, split counts. ``python -m gqadrv compile`` and the static tests read it.
 
-* ``wgmma`` (sm_90a): the Hopper kernel, executed and tested on the H200.
-* ``mma`` (mma.sync + ldmatrix, same smem layout): chosen on sm_100 / sm_110 (B200, Thor), where
-  wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90 when
-  forced (``backend="mma"``), which is how the H200 tests cover its code.
+* ``seesaw`` (sm_90a): two consumer warpgroups and a cp.async producer warpgroup on FlashMLA's
+  seesaw schedule; the default on the H200 for every head count.
+* ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows; only
+  when forced (slower than seesaw on the H200 today, docs/MLA.md).
+* ``wgmma`` (sm_90a): the first kernel (no overlap between phases); only when forced.
+* ``mma`` (mma.sync + ldmatrix, the first kernel's layout): chosen on sm_100 / sm_110 (B200, Thor),
+  where wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90
+  when forced (``backend="mma"``), which is how the H200 tests cover its code.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ FEATURES = frozenset({"dense_kv", "paged_kv", "fp16", "bf16", "causal", "lse", "
 
 @dataclasses.dataclass(frozen=True)
 class MlaFamily(KernelFamily):
-    mma: str = "wgmma"
+    block_m: int = 64             # packed query rows per CTA
+    max_rows: int | None = None   # largest M = s_q * h_q / h_kv the kernel serves (None: any)
 
 
 FAMILIES = {
-    name: MlaFamily(name, _ks.SOURCE, _ks.ENTRY, _ks.VARIANT_ARCHES[name], SIG, FEATURES, mma=name)
-    for name in _ks.VARIANTS
+    name: MlaFamily(name, k.source, k.entry, k.arches, SIG, FEATURES, block_m=k.block_m, max_rows=k.max_rows)
+    for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)
 
@@ -49,39 +54,48 @@ class MlaVariant:
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (_ks.BLOCK_THREADS, 1, 1)
+        return (_ks.kernel(self.family.name).threads, 1, 1)
 
     @property
     def dynamic_smem(self) -> int:
-        return _ks.dynamic_smem_bytes(self.defines)
+        return _ks.dynamic_smem_bytes(variant=self.family.name)
+
+
+_ARCH = {(9, 0): "sm_90a", (10, 0): "sm_100a", (11, 0): "sm_110a"}
 
 
 def backend_for_cc(cc: tuple[int, int]) -> str:
-    """'wgmma' on sm_90; 'mma' on sm_100 / sm_110 (the kernels need ~226 KB of shared memory per
-    CTA, which rules out sm_8x and sm_12x)."""
+    """'seesaw' on sm_90 (measured fastest on the H200 for every h_q, docs/MLA.md); 'mma' on sm_100 /
+    sm_110, where wgmma does not exist (compile-verified only). The kernels need ~226 KB of shared
+    memory per CTA, which rules out sm_8x and sm_12x."""
     if cc == (9, 0):
-        return "wgmma"
+        return "seesaw"
     if cc in ((10, 0), (11, 0)):
         return "mma"
     raise RuntimeError(f"MLA decode needs compute capability 9.0, 10.0 or 11.0 (about 226 KB of shared memory "
                        f"per block); this GPU has {cc[0]}.{cc[1]}")
 
 
-def select_variant(cc: tuple[int, int], dtype: str, backend: str | None = None) -> MlaVariant:
+def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None) -> MlaVariant:
+    """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
     name = native if forced in (None, "auto") else forced
-    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a", (11, 0): "sm_110a"}[cc]
-    if arch not in FAMILIES[name].arches:
-        raise RuntimeError(f"MLA backend {name!r} is not built for {arch} (built for {', '.join(FAMILIES[name].arches)})")
-    return MlaVariant(FAMILIES[name], dtype)
+    fam = FAMILIES[name]
+    arch = _ARCH[cc]
+    if arch not in fam.arches:
+        raise RuntimeError(f"MLA backend {name!r} is not built for {arch} (built for {', '.join(fam.arches)})")
+    if fam.max_rows is not None and m_rows > fam.max_rows:
+        raise ValueError(f"MLA backend {name!r} serves at most {fam.max_rows} query rows per KV head "
+                         f"(s_q * h_q / h_kv), this problem has {m_rows}")
+    return MlaVariant(fam, dtype)
 
 
 def variants_for_arch(arch: str) -> list[MlaVariant]:
     return [MlaVariant(f, dt) for f in FAMILIES.values() if arch in f.arches for dt in ("float16", "bfloat16")]
 
 
-def default_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity: int, sm_count: int) -> int:
+def default_splits(variant: MlaVariant, b: int, s_q: int, h_q: int, h_kv: int, capacity: int, sm_count: int) -> int:
     """Splits per (request, KV head, row block) from host-known sizes only, never the lengths, so
     a prepared launch stays valid for any lengths (see kernel_spec.choose_num_splits)."""
-    return _ks.choose_num_splits(b, s_q, h_q, h_kv, capacity, sm_count)
+    return _ks.choose_num_splits(b, s_q, h_q, h_kv, capacity, sm_count, variant=variant.family.name)

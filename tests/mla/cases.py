@@ -3,7 +3,9 @@
 Each case draws its axes from the issue's grid with co-prime strides, so every value of every axis
 appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 4}, h_q {1, 3, 16,
 63, 64, 128} x h_kv {1, 2}, lengths {0, 1, 63, 64, 65, 4096, ragged}, page {1, 16, 32, 64, 128, 256},
-causal on/off, bf16/fp16, splits auto / 1 / 7, and every third case also on the mma.sync backend.
+causal on/off, bf16/fp16, splits auto / 1 / 7, and the backends in turn: the default route
+(seesaw on the H200), mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q /
+h_kv fits them.
 Inputs are made non-contiguous (q, k_cache and block_table are slices of wider arrays).
 """
 
@@ -59,8 +61,13 @@ def grid() -> list[MlaCase]:
         h_q, h_kv = HEADS[(i * 7) % len(HEADS)]
         if b == 128 and h_q > 16:
             h_q, h_kv = 16, 1
-        out.append(MlaCase(i, b, S_QS[(i // 4) % 3], h_q, h_kv, L, PAGES[(i * 5) % 6], bool((i // 3) % 2),
-                           ("bfloat16", "float16")[(i // 7) % 2], SPLITS[(i // 2) % 3], "mma" if i % 3 == 2 else None))
+        s_q = S_QS[(i // 4) % 3]
+        backend = (None, "mma", "wgmma", "narrow")[i % 4]
+        if backend == "narrow":
+            m = s_q * (h_q // h_kv)
+            backend = "narrow16" if m <= 16 else ("narrow32" if m <= 32 else None)
+        out.append(MlaCase(i, b, s_q, h_q, h_kv, L, PAGES[(i * 5) % 6], bool((i // 3) % 2),
+                           ("bfloat16", "float16")[(i // 7) % 2], SPLITS[(i // 2) % 3], backend))
     return out
 
 

@@ -80,13 +80,20 @@ def test_argument_block_layout_matches_the_header():
 
 
 def test_routes():
-    assert routes.select_variant((9, 0), "bfloat16").family.name == "wgmma"
-    assert routes.select_variant((9, 0), "float16", "mma").family.name == "mma"
-    assert routes.select_variant((10, 0), "bfloat16").family.name == "mma"
+    assert routes.select_variant((9, 0), "bfloat16", 128).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "bfloat16", 16).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "float16", 16, "mma").family.name == "mma"
+    assert routes.select_variant((9, 0), "float16", 16, "narrow16").family.name == "narrow16"
+    assert routes.select_variant((10, 0), "bfloat16", 128).family.name == "mma"
+    assert routes.select_variant((11, 0), "bfloat16", 1).family.name == "mma"
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        routes.select_variant((9, 0), "bfloat16", 17, "narrow16")
+    with pytest.raises(RuntimeError, match="not built for sm_100a"):
+        routes.select_variant((10, 0), "bfloat16", 64, "seesaw")
     with pytest.raises(RuntimeError, match="compute capability 9.0, 10.0 or 11.0"):
-        routes.select_variant((8, 0), "bfloat16")
+        routes.select_variant((8, 0), "bfloat16", 64)
     with pytest.raises(TypeError, match="backend"):
-        routes.select_variant((9, 0), "bfloat16", 3)
+        routes.select_variant((9, 0), "bfloat16", 64, 3)
     for arch in ("sm_90a", "sm_100a"):
         assert routes.variants_for_arch(arch)
     assert all(v.dynamic_smem <= 232448 for v in routes.variants_for_arch("sm_90a"))
@@ -103,10 +110,10 @@ def test_every_variant_compiles_without_spills(variant, isolated_cache):
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, (arch, r)
         ptx = m.ptx.decode()
         assert "atom.acq_rel.gpu" in ptx or "atom.add.acq_rel.gpu" in ptx or "acq_rel" in ptx
-        if variant.family.name == "wgmma":
-            assert "wgmma.mma_async" in ptx
+        if variant.family.name == "mma":
+            assert "mma.sync" in ptx and "wgmma" not in ptx
         else:
-            assert "mma.sync" in ptx
+            assert "wgmma.mma_async" in ptx
 
 
 def test_oracle_against_direct_loop():
@@ -120,4 +127,5 @@ def test_grid_covers_the_axes():
     assert {c.h_q for c in cases} >= {1, 3, 16, 63, 64, 128} and {c.h_kv for c in cases} == {1, 2}
     assert {c.page for c in cases} == {1, 16, 32, 64, 128, 256} and {c.causal for c in cases} == {True, False}
     assert {c.lengths for c in cases} == {"0", "1", "63", "64", "65", "4096", "ragged"}
-    assert {c.dtype for c in cases} == {"bfloat16", "float16"} and {c.backend for c in cases} == {None, "mma"}
+    assert {c.dtype for c in cases} == {"bfloat16", "float16"}
+    assert {c.backend for c in cases} == {None, "mma", "wgmma", "narrow16", "narrow32"}

@@ -1,0 +1,444 @@
+// gqadrv — MLA dense decode for few packed rows per KV head (M = s_q * h_q / h_kv <= MLA_NQ, NQ = 16
+// or 32), sm_90a, wgmma with tokens as the M dimension: the memory-bound regime (e.g. h_q 16, s_q 1),
+// where padding the rows to 64 would quadruple the tensor work. Same semantics, arguments, split-KV
+// and last-CTA merge as dense_decode.cu; the row block is NQ rows (nmb = ceil(M / NQ)).
+//
+// Math      per 64-token tile, transposed so that the 64 tokens fill wgmma's M = 64:
+//             S^T[64 tok x NQ]  = K[64 x 576] Q^T          wgmma m64nNQk16 x 36, A = K (K-major), B = Q
+//             O^T[512 x NQ]    += V^T[512 x 64] P^T         wgmma m64nNQk16 x 32, A = V^T (MN-major,
+//                                                          transposed read of the K tile), B = P (K-major)
+//           O^T lives in 8 accumulator sets (one per 64-channel block), NQ / 2 fp32 each per thread.
+// CTA work  grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb * split: NQ packed rows (zero-filled past M)
+//           against the tiles [ntiles * split / S, ntiles * (split + 1) / S), ntiles = ceil(key_len / 64).
+// Warps     160 threads: warpgroup 0 (warps 0..3) computes; warp 4 is the producer. In the consumer
+//           warp w holds S^T / O^T rows (tokens or channels) 16w .. 16w+15; lane 4g + t holds columns
+//           (query rows) 8j + 2t + e, j < NQ / 8, e < 2.
+// Smem map  (base rounded up to 1024 B)
+//           [0, 9 NQ 128)        Q: 9 channel blocks of NQ rows x 128 B, 128B swizzle (B of S^T)
+//           + NQ x 128 B          P: NQ rows x 64 tokens, swizzled K-major (B of O^T)
+//           + MLA_NSLOT x 8 KB    piece ring: one piece = one channel block (64 tokens x 128 B,
+//                                 swizzled) of one tile; tile i uses pieces 9 i .. 9 i + 8 in ring order,
+//                                 so a wgmma operand never spans two pieces (every wgmma above reads
+//                                 exactly one channel block of A)
+//           + red[4][NQ], lred[4][NQ] fp32, 2 MLA_NSLOT + 1 mbarriers, ticket
+//           epilogue: the ring holds the output staging rows, then the [NQ][S] merge weights.
+// Pipeline  producer: per piece wait empty[slot] (parity starts at 1), 16 cp.async of 16 B per lane
+//           (4 rows x 128 B per instruction; zero-fill for tokens >= tok_end, whose block-table entries
+//           are never read), cp.async.mbarrier.arrive.noinc on full[slot] (count 32). Block-table
+//           entries of the next tile are loaded one tile ahead (2 per lane, shuffled to the rows).
+//           consumer, tile i: wait S^T(i) (and O^T += ...(i-1)); release the pieces of tile i-1
+//           (channel blocks 0..7) and piece 8 of tile i (empty[slot], one arrival per warp);
+//           softmax (column max over the 64 tokens: shuffles over g, then red[] + named barrier 1);
+//           P^T -> smem; barrier; issue O^T += V^T P^T (i), then S^T(i+1) piece by piece (each piece:
+//           wait full[slot], fence.proxy.async, wgmma.fence, 4 k-steps). The ring keeps up to
+//           MLA_NSLOT - 9 pieces (>= 14, 112 KB) in flight while a tile is computed.
+// Masking   as dense_decode.cu (scaled logits of keys >= the row's limit -> -1e33, running max from
+//           -1e30); K/V rows >= tok_end are zero-filled, so NaN in unused cache pages never reaches O.
+#include "../../common/ptx.cuh"
+#include "../common/args.cuh"
+#include "../common/decode_util.cuh"
+#include "../common/sync.cuh"
+#include "../common/wgmma_ops.cuh"
+
+#ifndef MLA_NQ
+#error "MLA_NQ not defined (16 or 32: packed query rows per CTA)"
+#endif
+#ifndef MLA_NSLOT
+#error "MLA_NSLOT not defined (pieces of 8 KB in the ring)"
+#endif
+
+namespace mla {
+namespace narrow {
+constexpr int DT = MLA_DT;
+constexpr int NQ = MLA_NQ;
+constexpr int NSLOT = MLA_NSLOT;
+constexpr int NACC = NQ / 2;                  // fp32 accumulators per thread of one m64nNQ result
+constexpr int NJ = NQ / 8;                    // 8-column chunks of the result
+constexpr u32 PIECE = 64u * 128u;             // 8 KB
+constexpr u32 QCB = (u32)NQ * 128u;           // one channel block of Q
+constexpr u32 OFF_Q = 0;
+constexpr u32 OFF_P = NCB * QCB;
+constexpr u32 OFF_RING = OFF_P + QCB;
+constexpr u32 OFF_RED = OFF_RING + NSLOT * PIECE;
+constexpr u32 OFF_LRED = OFF_RED + 4 * NQ * 4;
+constexpr u32 OFF_BAR = OFF_LRED + 4 * NQ * 4;  // full[NSLOT], empty[NSLOT], q
+constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2);
+constexpr u32 SMEM_USED = OFF_TICKET + 16;
+constexpr int THREADS = 160;
+constexpr u32 STG_BF16 = 1024u + 16u;          // output staging row strides (bank spread)
+constexpr u32 STG_F32 = 2048u + 16u;
+static_assert(NQ == 16 || NQ == 32, "NQ is 16 or 32");
+static_assert(NSLOT >= 18, "the ring must hold two tiles (9 pieces each)");
+static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the narrow smem map (+1 KB alignment slack)");
+static_assert(NQ * STG_F32 <= NSLOT * PIECE, "output staging must fit in the ring");
+static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSLOT * PIECE, "merge weights must fit in the ring");
+static_assert(OFF_P % 1024 == 0 && OFF_RING % 1024 == 0 && QCB % 1024 == 0, "swizzle atoms are 1 KB aligned");
+
+constexpr int BAR_C = 1;  // named barrier of the consumer warpgroup (128 threads)
+
+GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)slot; }
+GQADRV_DEVICE u32 empty_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)(NSLOT + slot); }
+GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT); }
+GQADRV_DEVICE u32 slot_addr(u32 sb, int slot) { return sb + OFF_RING + (u32)slot * PIECE; }
+
+template <int D>
+GQADRV_DEVICE u16 half_bits(float x) {
+  return (u16)(pack2<D>(x, 0.f) & 0xffffu);
+}
+
+// m64nNQk16 SS, picked by the accumulator array size (8: N = 16, 16: N = 32).
+template <int TA, int TB>
+GQADRV_DEVICE void wgmma_nq(float (&d)[8], u64 da, u64 db, int scale_d) {
+  wgmma_m64n16k16_ss_t<DT, TA, TB>(d, da, db, scale_d);
+}
+template <int TA, int TB>
+GQADRV_DEVICE void wgmma_nq(float (&d)[16], u64 da, u64 db, int scale_d) {
+  wgmma_m64n32k16_ss_t<DT, TA, TB>(d, da, db, scale_d);
+}
+
+// S^T += K(piece)[64 x 64 ch] Q(cb)^T: 4 k16 steps (issue only).
+GQADRV_DEVICE void qk_piece(float (&st)[NACC], u32 piece, u32 qcb, bool first) {
+  const u64 da = wgmma_desc_sw128(piece, 16, 1024);
+  const u64 db = wgmma_desc_sw128(qcb, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) wgmma_nq<0, 0>(st, da + (u64)(k * 2), db + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+}
+// O^T(cb) += V^T(piece: 64 channels x 64 tokens, MN-major) P^T (K-major): 4 k16 steps of 16 tokens
+// (+2 KB in the piece, +32 B in the P rows).
+GQADRV_DEVICE void pv_piece(float (&ot)[NACC], u32 piece, u32 p_base) {
+  const u64 da = wgmma_desc_sw128(piece, PIECE, 1024);
+  const u64 db = wgmma_desc_sw128(p_base, 16, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_nq<1, 0>(ot, da + (u64)(kk * 128), db + (u64)(kk * 2), 1);
+}
+
+}  // namespace narrow
+}  // namespace mla
+
+extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
+    mla_dense_decode_narrow(const __grid_constant__ MlaDecodeArgs a) {
+  using namespace mla;
+  using namespace mla::narrow;
+  extern __shared__ __align__(16) u8 smem_raw[];
+  const u32 raw = smem_u32(smem_raw);
+  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
+  u8* smem = smem_raw + pad;
+  const u32 sb = raw + pad;
+  const int tid = threadIdx.x;
+  if (tid == 0 && pad + SMEM_USED > dynamic_smem_size()) __trap();
+
+  const int lane = tid & 31, warp = tid >> 5;
+  const int nmb = a.num_m_blocks, S = a.num_splits;
+  const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int M = a.m_rows, row0 = mb * NQ;
+
+  if (tid == 0) {
+#pragma unroll 1
+    for (int i = 0; i < NSLOT; ++i) {
+      mbar_init(full_bar(sb, i), 32);
+      mbar_init(empty_bar(sb, i), 4);
+    }
+    mbar_init(q_bar(sb), 128);
+    fence_mbarrier_init();
+  }
+
+  pdl_wait();  // no-op unless launched with programmatic stream serialization
+  const int len = clamped_len(a, b);
+  const int last_row = (M - row0 < NQ ? M - row0 : NQ) - 1 + row0;
+  const int key_len = row_key_limit(a, len, last_row);
+  const int ntiles = (key_len + 63) >> 6;
+  const int t_beg = split_point(ntiles, split, S), t_end = split_point(ntiles, split + 1, S);
+  const int tok_end = min(key_len, t_end * 64);
+  const i32* bt_row = a.block_table + (long long)b * a.bt_stride;
+  __syncthreads();  // barriers initialised
+
+  if (warp == 4) {
+    // =================================================================== producer warp
+    if (t_beg < t_end) {
+      const int u = lane & 7, rsub = lane >> 3;
+      const u16* kbase = a.k_cache + (long long)kvh * a.k_stride_head + u * 8;
+      const int pmask = a.page_size - 1, pshift = a.page_shift;
+      auto fetch = [&](int tile, int& x, int& y) {
+        const int tok = tile * 64 + lane;
+        x = tok < tok_end ? bt_row[tok >> pshift] : 0;
+        y = tok + 32 < tok_end ? bt_row[(tok + 32) >> pshift] : 0;
+      };
+      int cur_a, cur_b;
+      fetch(t_beg, cur_a, cur_b);
+      int slot = 0;
+      u32 ph = 0;
+#pragma unroll 1
+      for (int tile = t_beg; tile < t_end; ++tile) {
+        int nxt_a = 0, nxt_b = 0;
+        if (tile + 1 < t_end) fetch(tile + 1, nxt_a, nxt_b);
+        const u16* src[16];
+#pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          const int r = 4 * q + rsub, tok = tile * 64 + r;
+          const int blk = __shfl_sync(0xffffffffu, q < 8 ? cur_a : cur_b, r & 31);
+          src[q] = tok < tok_end
+                       ? kbase + (long long)blk * a.k_stride_block + (long long)(tok & pmask) * a.k_stride_tok
+                       : nullptr;
+        }
+#pragma unroll 1
+        for (int c = 0; c < NCB; ++c) {
+          mbar_wait_wd(empty_bar(sb, slot), ph ^ 1u);
+          const u32 dst = slot_addr(sb, slot);
+#pragma unroll
+          for (int q = 0; q < 16; ++q) {
+            const int r = 4 * q + rsub;
+            const bool ok = src[q] != nullptr;
+            cp_async_16(dst + swz(r, u), ok ? (const void*)(src[q] + c * 64) : (const void*)a.k_cache, ok ? 16u : 0u);
+          }
+          cp_async_mbar_arrive_noinc(full_bar(sb, slot));
+          if (++slot == NSLOT) {
+            slot = 0;
+            ph ^= 1u;
+          }
+        }
+        cur_a = nxt_a;
+        cur_b = nxt_b;
+      }
+      cp_async_wait_all();
+    }
+    return;
+  }
+
+  // ===================================================================== consumer warpgroup
+  const int w = warp, g = lane >> 2, t = lane & 3;
+  float ot[8][NACC];
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) ot[m][i] = 0.f;
+  float m_run[NJ][2], l_run[NJ][2];
+  int lim[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m_run[j][e] = M_INIT;
+      l_run[j][e] = 0.f;
+      lim[j][e] = min(row_key_limit(a, len, row0 + 8 * j + 2 * t + e), tok_end);
+    }
+  const int lim_min = min(row_key_limit(a, len, row0), tok_end);
+  const float sc = a.scale_log2;
+  float* red = reinterpret_cast<float*>(smem + OFF_RED);
+
+  if (t_beg < t_end) {
+    {  // Q rows of this block (rows >= M zero-filled): warp w copies rows 4 w + (lane >> 3) (+16 h)
+      const int u = lane & 7;
+#pragma unroll
+      for (int h = 0; h < NQ / 16; ++h) {
+        const int r = 16 * h + 4 * w + (lane >> 3), rg = row0 + r;
+        const u16* src = rg < M ? q_row_ptr(a, b, kvh, rg) + u * 8 : nullptr;
+#pragma unroll
+        for (int c = 0; c < NCB; ++c)
+          cp_async_16(sb + OFF_Q + (u32)c * QCB + swz(r, u), src ? (const void*)(src + c * 64) : (const void*)a.q,
+                      src ? 16u : 0u);
+      }
+      cp_async_mbar_arrive_noinc(q_bar(sb));
+    }
+    mbar_wait_wd(q_bar(sb), 0);
+
+    float st[NACC];
+    int qslot = 0;  // ring position of the next piece to compute S^T with
+    u32 qph = 0;
+    auto issue_qk = [&]() {
+#pragma unroll 1
+      for (int c = 0; c < NCB; ++c) {
+        mbar_wait_wd(full_bar(sb, qslot), qph);
+        cpasync_to_wgmma_fence();
+        wgmma_fence();
+        qk_piece(st, slot_addr(sb, qslot), sb + OFF_Q + (u32)c * QCB, c == 0);
+        if (++qslot == NSLOT) {
+          qslot = 0;
+          qph ^= 1u;
+        }
+      }
+      wgmma_commit();
+    };
+    auto release = [&](int slot) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar(sb, slot));
+    };
+
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) st[i] = 0.f;
+    // pin the initial values before the first wgmma is issued (no register moves may land inside
+    // a wgmma pipeline stage, or ptxas serialises every wgmma)
+    reg_fence(st);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+    issue_qk();
+    int base = 0;       // ring slot of piece 0 of the current tile
+    int prev_base = 0;  // ... of the previous tile
+#pragma unroll 1
+    for (int tile = t_beg; tile < t_end; ++tile) {
+      wgmma_wait<0>();
+      reg_fence(st);
+#pragma unroll
+      for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+      if (tile > t_beg) {
+#pragma unroll 1
+        for (int c = 0; c < 8; ++c) release(prev_base + c < NSLOT ? prev_base + c : prev_base + c - NSLOT);
+      }
+      release(base + 8 < NSLOT ? base + 8 : base + 8 - NSLOT);
+
+      // ---- softmax over the 64 tokens of this tile, per query row (column of S^T)
+      const int tok_lo = tile * 64 + 16 * w + g;
+      float x[NJ][2][2];  // [j][e][h]: row 8j + 2t + e, token tok_lo + 8h
+      float mx[NJ][2];
+      const bool need_mask = (tile + 1) * 64 > lim_min;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float v = st[4 * j + 2 * h + e] * sc;
+            x[j][e][h] = (need_mask && tok_lo + 8 * h >= lim[j][e]) ? MASKED : v;
+          }
+          float m = fmaxf(x[j][e][0], x[j][e][1]);
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+          mx[j][e] = m;
+        }
+      if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) red[w * NQ + 8 * j + 2 * t + e] = mx[j][e];
+      }
+      named_bar_sync(BAR_C, 128);
+      float alpha[NJ][2];
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = 8 * j + 2 * t + e;
+          const float mt = fmaxf(fmaxf(red[n], red[NQ + n]), fmaxf(red[2 * NQ + n], red[3 * NQ + n]));
+          const float mn = fmaxf(m_run[j][e], mt);
+          alpha[j][e] = fast_exp2(m_run[j][e] - mn);
+          m_run[j][e] = mn;
+          const float p0 = fast_exp2(x[j][e][0] - mn), p1 = fast_exp2(x[j][e][1] - mn);
+          l_run[j][e] = l_run[j][e] * alpha[j][e] + (p0 + p1);
+          const int tl = 16 * w + g;  // token within the tile (h = 0); h = 1 is the next 16-byte unit
+          sts_u16(sb + OFF_P + swz(n, tl >> 3) + 2u * (tl & 7), half_bits<DT>(p0));
+          sts_u16(sb + OFF_P + swz(n, (tl >> 3) + 1) + 2u * (tl & 7), half_bits<DT>(p1));
+        }
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            ot[m][4 * j + e] *= alpha[j][e];
+            ot[m][4 * j + 2 + e] *= alpha[j][e];
+          }
+      fence_proxy_async_smem();
+      named_bar_sync(BAR_C, 128);  // P complete; every red[] read done before the next tile's writes
+
+      // ---- O^T += V^T P^T (pieces 0..7 of this tile), then S^T of the next tile
+      wgmma_fence();
+#pragma unroll
+      for (int m = 0; m < 8; ++m) pv_piece(ot[m], slot_addr(sb, base + m < NSLOT ? base + m : base + m - NSLOT), sb + OFF_P);
+      wgmma_commit();
+      prev_base = base;
+      base = base + 9 < NSLOT ? base + 9 : base + 9 - NSLOT;
+      if (tile + 1 < t_end) issue_qk();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+  }
+  pdl_launch_dependents();
+
+  // ---- row sums: over the 8 lanes g of a row, then over the 4 warps
+  float* lred = reinterpret_cast<float*>(smem + OFF_LRED);
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      if (g == 0) lred[w * NQ + 8 * j + 2 * t + e] = l;
+    }
+  named_bar_sync(BAR_C, 128);
+  float Lr[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+      Lr[j][e] = lred[n] + lred[NQ + n] + lred[2 * NQ + n] + lred[3 * NQ + n];
+    }
+  const int rows = M - row0 < NQ ? M - row0 : NQ;
+  const u32 stg = sb + OFF_RING;  // the ring is idle: every piece was consumed
+
+  if (S == 1) {
+    // normalised output staged as [row][512] 16-bit (row stride STG_BF16), then 16-byte stores
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * t + e;
+        const float inv = Lr[j][e] > 0.f ? 1.f / Lr[j][e] : 0.f;
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int ch = 64 * m + 16 * w + g + 8 * h;
+            sts_u16(stg + (u32)n * STG_BF16 + 2u * ch, half_bits<DT>(ot[m][4 * j + 2 * h + e] * inv));
+          }
+        if (w == 0 && g == 0 && n < rows)
+          *lse_ptr(a, b, kvh, row0 + n) = Lr[j][e] > 0.f ? (fast_log2(Lr[j][e]) + m_run[j][e]) * LN2 : pos_inf();
+      }
+    named_bar_sync(BAR_C, 128);
+    for (int item = tid; item < rows * 64; item += 128) {
+      const int r = item >> 6, c = (item & 63) * 8;
+      *reinterpret_cast<U32x4*>(out_row_ptr(a, b, kvh, row0 + r) + c) = lds_u32x4(stg + (u32)r * STG_BF16 + 2u * c);
+    }
+    return;
+  }
+
+  // ---- split > 1: fp32 partial (written even when empty) and {m, l}, then the ticket
+  const long long unit = ((long long)b * a.h_kv + kvh) * nmb + mb;
+  const long long slot0 = (unit * S + split) * NQ;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ch = 64 * m + 16 * w + g + 8 * h;
+          sts_f32(stg + (u32)n * STG_F32 + 4u * ch, ot[m][4 * j + 2 * h + e]);
+        }
+      if (w == 0 && g == 0 && n < rows)
+        *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + n)) = F32x2{m_run[j][e], Lr[j][e]};
+    }
+  named_bar_sync(BAR_C, 128);
+  for (int item = tid; item < rows * 128; item += 128) {
+    const int r = item >> 7, c = (item & 127) * 4;
+    float v0, v1, v2, v3;
+    lds_f32x4(stg + (u32)r * STG_F32 + 4u * c, v0, v1, v2, v3);
+    float* dst = a.ws_o + (slot0 + r) * MLA_D_V + c;
+    *reinterpret_cast<F32x2*>(dst) = F32x2{v0, v1};
+    *reinterpret_cast<F32x2*>(dst + 2) = F32x2{v2, v3};
+  }
+  named_bar_sync(BAR_C, 128);  // every partial store precedes thread 0's release (acq_rel ticket)
+  u32* s_ticket = reinterpret_cast<u32*>(smem + OFF_TICKET);
+  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + unit, 1u);
+  named_bar_sync(BAR_C, 128);
+  if (*s_ticket != (u32)(S - 1)) return;
+  merge_partials<NQ, 128, DT>(a, reinterpret_cast<float*>(smem + OFF_RING), unit, S, b, kvh, row0, rows, tid,
+                              [] { named_bar_sync(BAR_C, 128); });
+  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);
+}

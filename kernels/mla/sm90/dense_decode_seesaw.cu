@@ -1,0 +1,596 @@
+// gqadrv — MLA dense decode, "seesaw" schedule (sm_90a, wgmma). Same semantics, arguments, grid,
+// split-KV and last-CTA merge as dense_decode.cu (which stays as the simple fallback); this kernel
+// is built for the compute-bound regime (M = s_q * h_q / h_kv >= 32 packed rows per KV head).
+//
+// CTA work  grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb * split: 64 packed rows (zero-filled past
+//           M) against the 64-token tiles of the split. Tiles go in pairs (T0 = even, T1 = odd tile of
+//           a pair); splits are whole pairs of ceil(key_len / 64) tiles, key_len = the largest key
+//           limit of the CTA's valid rows (len, or len - (s_q - 1 - s_last) when causal). A pair's
+//           odd tile may lie past the split's token end tok_end: its rows are zero-filled and masked.
+// Warps     384 threads: warpgroups WG0 (warps 0..3) and WG1 (4..7) compute, WG2 (warps 8..11) is the
+//           producer (all cp.async copies: Q once, then the K blocks of every pair in the order they
+//           die, so the consumer warps never have copies in flight when they execute a proxy fence).
+//           setmaxnreg: producer down to 56 registers, consumers up to 224 (launch bound 384 -> 168).
+//           WG0 owns output columns [0, 256) (O_L, 128 fp32 per thread) and computes S0 = Q K0^T;
+//           WG1 owns [256, 512) (O_R) and computes S1 = Q K1^T (m64n64k16 x 36 each, SS).
+//           The running row max m lives in shared memory (sM) and is updated twice per pair:
+//             WG0: m0 = max(m, rowmax S0), a0 = 2^(m - m0)   O_L *= a0, P0 = 2^(S0 - m0)
+//                  O_L += P0 V0[:, 0:256]          (RS: P0 from registers)
+//             WG1: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1) O_R *= a0 a1, P1 = 2^(S1 - m1)
+//                  O_R += P1 V1[:, 256:512]        (RS)
+//                  O_R += (P0 a1) V0[:, 256:512]   (SS: WG0 writes P0 a1 to sP0)
+//             WG0: O_L *= a1; O_L += P1 V1[:, 0:256]     (SS: WG1 writes P1 to sP1)
+//           so both halves end every pair relative to m1, and the row sums l (per warpgroup, over its
+//           own S tiles) are merged at the end: L = l_WG0 + l_WG1.
+//           Within a warpgroup warp wi owns rows 16wi .. 16wi+15; lane 4g + t holds rows 16wi + g and
+//           16wi + g + 8 (wgmma C layout), the same rows in both warpgroups.
+// Smem map  (dynamic, base rounded up to 1024 B; all blocks 1024-aligned)
+//           [0, 72K)      Q   64 rows x 576: 9 channel blocks (cb) of 64 rows x 128 B, 128B swizzle
+//           [72K, 144K)   K0  slot of the even tile, same layout; its cb 8 (RoPE, read only by
+//                             Q K0^T) doubles as sP0 once S0 is computed
+//           [144K, 216K)  K1  slot of the odd tile
+//           [216K, 224K)  sP1 64 x 64 (K-major, swizzled; A of WG0's SS P V)
+//           + sM[64], sScale0[64], sScale1[64], lsum[2][64] (fp32), 23 mbarriers (full[2][9],
+//           empty[2][2], q), ticket
+//           merge: the K slots hold the [64][S] merge weights after the main loop.
+// Loads     producer warpgroup, cp.async 16 B with zero-fill (src-size 0) for token rows >= tok_end (no
+//           global read, no block-table read); each warp instruction copies 4 rows x 128 B of one cb.
+//           Per pair it fills, each after the matching `empty` barrier (one arrival per consumer warp):
+//             K0 cb 0..3  freed by WG0 after O_L += P0 V0L       (empty[0][0])
+//             K1 cb 4..8  freed by WG1 after O_R += P1 V1R       (empty[1][1])
+//             K0 cb 4..8  freed by WG1 after O_R += sP0 V0R      (empty[0][1])
+//             K1 cb 0..3  freed by WG0 after O_L += sP1 V1L      (empty[1][0])
+//           and completes each block on full[slot][cb] with cp.async.mbarrier.arrive.noinc (count 128).
+//           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
+//           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
+// Barriers  named (256 consumer threads, one side arrives, the other syncs), per pair:
+//           1 SCALE0  WG0 -> WG1: sM = m0 and sScale0 = a0 written
+//           2 SCALE1  WG1 -> WG0: sM = m1 and sScale1 = a1 written
+//           3 P0      WG0 -> WG1: sP0 written (+ proxy fence)
+//           4 P1      WG1 -> WG0: sP1 written (+ proxy fence) and WG1's SS P V issued
+//           5 EPI     epilogue (all 256 consumer threads; the producer warpgroup has exited)
+//           A release (empty barrier) is issued only when the next pair exists, so the k-th fill of a
+//           block waits for exactly k completions (parity (k & 1) ^ 1).
+// Masking   logits of keys >= the row's limit are set to -1e33 after scaling (log2 domain); the
+//           running max starts at -1e30, so no inf/NaN arithmetic; only tiles that reach past the
+//           CTA's smallest limit are masked.
+// Split     as dense_decode.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and {m, l},
+//           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0).
+#include "../../common/ptx.cuh"
+#include "../common/args.cuh"
+#include "../common/decode_util.cuh"
+#include "../common/sync.cuh"
+#include "../common/wgmma_ops.cuh"
+
+namespace mla {
+namespace seesaw {
+constexpr int DT = MLA_DT;
+constexpr u32 CB = 64u * 128u;            // one channel block of a 64-row tile (8 KB)
+constexpr u32 TILE = NCB * CB;            // 73728
+constexpr u32 OFF_Q = 0;
+constexpr u32 OFF_K0 = TILE;
+constexpr u32 OFF_K1 = 2 * TILE;
+constexpr u32 OFF_P0 = OFF_K0 + 8 * CB;   // aliases K0's cb 8
+constexpr u32 OFF_P1 = 3 * TILE;
+constexpr u32 OFF_SM = OFF_P1 + CB;
+constexpr u32 OFF_SC0 = OFF_SM + 256;
+constexpr u32 OFF_SC1 = OFF_SC0 + 256;
+constexpr u32 OFF_LSUM = OFF_SC1 + 256;
+constexpr u32 OFF_BAR = OFF_LSUM + 512;   // full[2][9], empty[2][2], bar_q
+constexpr u32 OFF_TICKET = OFF_BAR + 192;
+constexpr u32 SMEM_USED = OFF_TICKET + 16;
+static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the seesaw smem map (+1 KB alignment slack)");
+static_assert(64u * MLA_MAX_SPLITS * 4u <= 2u * TILE, "merge weights must fit in the K slots");
+static_assert(MLA_BLOCK_M == 64 && MLA_BLOCK_N == 64, "tiling is fixed");
+constexpr int THREADS = 384;  // 2 consumer warpgroups + 1 producer warpgroup
+// setmaxnreg budgets (multiples of 8): 2 x 128 x 224 + 128 x 56 = 64512 <= 65536 registers
+#ifndef MLA_CONSUMER_REGS
+#define MLA_CONSUMER_REGS 224
+#endif
+#ifndef MLA_PRODUCER_REGS
+#define MLA_PRODUCER_REGS 56
+#endif
+constexpr int CONSUMER_REGS = MLA_CONSUMER_REGS;
+constexpr int PRODUCER_REGS = MLA_PRODUCER_REGS;
+static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && 256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536,
+              "setmaxnreg budgets exceed the register file");
+
+enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5 };
+
+GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + cb); }
+// empty[slot][half]: half 0 = cb 0..3 (last reader WG0), half 1 = cb 4..8 (last reader WG1)
+GQADRV_DEVICE u32 empty_bar(u32 sb, int slot, int half) { return sb + OFF_BAR + 8u * (u32)(18 + 2 * slot + half); }
+GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * 22u; }
+// One arrival per warp on an empty barrier, after the warp's wgmma reads of the blocks retired.
+GQADRV_DEVICE void release(u32 bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+// Source rows of tile `tile` a producer thread copies: tokens tile * 64 + 16 pw + 4 q + (lane >> 3),
+// q < 4 (pw = producer warp 0..3), already advanced to the lane's 16-byte unit (lane & 7);
+// nullptr = zero-fill (token >= tok_end: neither the cache nor the block table is read).
+GQADRV_DEVICE void tile_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh, int tile, int tok_end, int pw,
+                             int lane, const u16* (&p)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
+    p[q] = tok < tok_end ? k_row_ptr(a, bt_row, kvh, tok) + (lane & 7) * 8 : nullptr;
+  }
+}
+
+// cp.async of channel blocks [C0, C1) of one tile into `slot` by the producer warpgroup (4 copies
+// of 16 B per thread and block: 4 rows x 128 B per warp instruction), one noinc arrival per thread
+// and block on full[slot][cb].
+template <int C0, int C1>
+GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4], const u16* any, int pw, int lane) {
+  const int u = lane & 7;
+#pragma unroll
+  for (int c = C0; c < C1; ++c) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int r = 16 * pw + 4 * q + (lane >> 3);
+      const bool ok = p[q] != nullptr;
+      cp_async_16(slot + (u32)c * CB + swz(r, u), ok ? (const void*)(p[q] + c * 64) : (const void*)any, ok ? 16u : 0u);
+    }
+    cp_async_mbar_arrive_noinc(bar_slot0 + 8u * (u32)c);
+  }
+}
+
+GQADRV_DEVICE void setmaxnreg_dec_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS)); }
+GQADRV_DEVICE void setmaxnreg_inc_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS)); }
+
+// S (+)= Q[:, cb C] K[:, cb C]^T over the 4 k16 steps of one channel block (issue only).
+GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool first) {
+  const u64 dq = wgmma_desc_sw128(q_base + (u32)c * CB, 16, 1024);
+  const u64 dk = wgmma_desc_sw128(k_slot + (u32)c * CB, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma_m64n64k16_ss_t<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+}
+
+// Wait for cb c of `slot` (parity ph), make it visible to the async proxy, issue its 4 QK steps and
+// commit them as one wgmma group.
+GQADRV_DEVICE void qk_block_waited(float (&s)[32], u32 sb, int slot, int c, u32 ph, bool first) {
+  mbar_wait_wd(full_bar(sb, slot, c), ph);
+  cpasync_to_wgmma_fence();
+  wgmma_fence();  // after the (divergent) wait loop: keeps ptxas from serialising the wgmma chain
+  qk_block(s, sb + OFF_Q, sb + (slot ? OFF_K1 : OFF_K0), c, first);
+  wgmma_commit();
+}
+
+// O[64 x 256] += P V[tokens][cb0*64 .. cb0*64 + 255]: V read MN-major from the K slot (atoms of 8
+// tokens x 64 channels; LBO = 8 KB between channel blocks, SBO = 1 KB between 8-token groups; k-step
+// kk starts 16 tokens = 2 KB further). RS: P from registers (pa[4 kk .. 4 kk + 3]).
+GQADRV_DEVICE void pv_rs(float (&o)[128], const u32 (&pa)[16], u32 v_base) {
+  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_rs<DT, 1>(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv + (u64)(kk * 128), 1);
+}
+// SS: P from shared memory (K-major, one swizzled 64 x 64 block; k-step kk = +32 B).
+GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
+  const u64 dp = wgmma_desc_sw128(p_base, 16, 1024);
+  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_t<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
+}
+
+// Scale the logits of one tile (and mask keys >= the row limits when the tile reaches past lim_min),
+// return the two row maxima (quad-reduced) of this thread's rows.
+GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int lim_lo, int lim_hi, int lim_min,
+                                  float& mx_lo, float& mx_hi) {
+  mx_lo = MASKED;
+  mx_hi = MASKED;
+  if ((tile + 1) * 64 > lim_min) {
+    const int c0 = tile * 64 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = c0 + 8 * j + e;
+        s[4 * j + e] = col < lim_lo ? s[4 * j + e] * sc : MASKED;
+        s[4 * j + 2 + e] = col < lim_hi ? s[4 * j + 2 + e] * sc : MASKED;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] *= sc;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+}
+
+// s <- 2^(s - m) in place; returns this thread's partial row sums.
+GQADRV_DEVICE void exp_rows(float (&s)[32], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
+  sum_lo = 0.f;
+  sum_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[4 * j + e] = fast_exp2(s[4 * j + e] - m_lo);
+      s[4 * j + 2 + e] = fast_exp2(s[4 * j + 2 + e] - m_hi);
+      sum_lo += s[4 * j + e];
+      sum_hi += s[4 * j + 2 + e];
+    }
+  }
+}
+
+// Pack P (fp32, C layout of m64n64) into the 16 A-fragment registers of the RS P V product,
+// multiplying row lo by f_lo and row hi by f_hi.
+GQADRV_DEVICE void pack_pa(u32 (&pa)[16], const float (&s)[32], float f_lo, float f_hi) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[4 * kk + 0] = pack2<DT>(s[8 * kk + 0] * f_lo, s[8 * kk + 1] * f_lo);
+    pa[4 * kk + 1] = pack2<DT>(s[8 * kk + 2] * f_hi, s[8 * kk + 3] * f_hi);
+    pa[4 * kk + 2] = pack2<DT>(s[8 * kk + 4] * f_lo, s[8 * kk + 5] * f_lo);
+    pa[4 * kk + 3] = pack2<DT>(s[8 * kk + 6] * f_hi, s[8 * kk + 7] * f_hi);
+  }
+}
+// Store the packed P (same registers as pack_pa) to a swizzled 64 x 64 K-major block: row r, tokens
+// 16 kk + 2t (+1) = unit 2 kk, bytes 4t; tokens 16 kk + 8 + 2t = unit 2 kk + 1.
+GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo, int r_hi, int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    sts_u32(p_base + swz(r_lo, 2 * kk) + 4u * t, pa[4 * kk + 0]);
+    sts_u32(p_base + swz(r_hi, 2 * kk) + 4u * t, pa[4 * kk + 1]);
+    sts_u32(p_base + swz(r_lo, 2 * kk + 1) + 4u * t, pa[4 * kk + 2]);
+    sts_u32(p_base + swz(r_hi, 2 * kk + 1) + 4u * t, pa[4 * kk + 3]);
+  }
+}
+GQADRV_DEVICE void scale_o(float (&o)[128], float f_lo, float f_hi) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= f_lo;
+    o[4 * j + 1] *= f_lo;
+    o[4 * j + 2] *= f_hi;
+    o[4 * j + 3] *= f_hi;
+  }
+}
+GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+}  // namespace seesaw
+}  // namespace mla
+
+extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
+    mla_dense_decode_seesaw(const __grid_constant__ MlaDecodeArgs a) {
+  using namespace mla;
+  using namespace mla::seesaw;
+  extern __shared__ __align__(16) u8 smem_raw[];
+  const u32 raw = smem_u32(smem_raw);
+  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
+  u8* smem = smem_raw + pad;
+  const u32 sb = raw + pad;
+  const int tid = threadIdx.x;
+  if (tid == 0 && pad + SMEM_USED > dynamic_smem_size()) __trap();
+
+  const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
+  const int nmb = a.num_m_blocks, S = a.num_splits;
+  const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int M = a.m_rows, row0 = mb * MLA_BLOCK_M;
+
+  if (tid == 0) {
+#pragma unroll 1
+    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 128);  // full: the producer's 128 threads
+#pragma unroll 1
+    for (int i = 18; i < 22; ++i) mbar_init(sb + OFF_BAR + 8u * i, 4);  // empty: one arrival per consumer warp
+    mbar_init(q_bar(sb), 128);
+    fence_mbarrier_init();
+  }
+  float* sM = reinterpret_cast<float*>(smem + OFF_SM);
+  if (tid < 64) sM[tid] = M_INIT;
+
+  pdl_wait();  // no-op unless launched with programmatic stream serialization
+  __syncthreads();  // barriers initialised, sM = M_INIT (the last CTA-wide barrier: WG2 leaves early)
+  // Everything below is computed after setmaxnreg in each role (values live across it are spilled).
+  // Key range of this CTA: the largest limit of its valid rows (tile count), splits in whole pairs.
+  struct Range {
+    int len, npairs, t_beg, tok_end;
+  };
+  auto range = [&]() -> Range {
+    Range r;
+    r.len = clamped_len(a, b);
+    const int last_row = (M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M) - 1 + row0;
+    const int key_len = row_key_limit(a, r.len, last_row);
+    const int ntiles = (key_len + 63) >> 6, npairs_all = (ntiles + 1) >> 1;
+    const int p_beg = split_point(npairs_all, split, S), p_end = split_point(npairs_all, split + 1, S);
+    r.npairs = p_end - p_beg;
+    r.t_beg = 2 * p_beg;
+    r.tok_end = min(key_len, 2 * p_end * 64);
+    return r;
+  };
+
+  if (wg == 2) {
+    // =================================================================== producer warpgroup
+    setmaxnreg_dec_producer();
+    const int pw = wi;
+    const Range rg_ = range();
+    const int npairs = rg_.npairs, t_beg = rg_.t_beg, tok_end = rg_.tok_end;
+    const i32* bt_row = a.block_table + (long long)b * a.bt_stride;
+    if (npairs > 0) {
+      {  // Q rows of this block (rows >= M zero-filled): rows 16 pw + 4 q + (lane >> 3), every cb
+        const int u = lane & 7;
+#pragma unroll 1
+        for (int q = 0; q < 4; ++q) {
+          const int r = 16 * pw + 4 * q + (lane >> 3), rg = row0 + r;
+          const u16* src = rg < M ? q_row_ptr(a, b, kvh, rg) + u * 8 : nullptr;
+#pragma unroll
+          for (int c = 0; c < NCB; ++c)
+            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), src ? (const void*)(src + c * 64) : (const void*)a.q,
+                        src ? 16u : 0u);
+        }
+        cp_async_mbar_arrive_noinc(q_bar(sb));
+      }
+#pragma unroll 1
+      for (int it = 0; it < npairs; ++it) {
+        const int T0 = t_beg + 2 * it;
+        const u32 pe = (u32)(it & 1) ^ 1u;  // empty parity: the first fill of every block is free
+        const u16* p0[4];
+        const u16* p1[4];
+        tile_rows(a, bt_row, kvh, T0, tok_end, pw, lane, p0);
+        tile_rows(a, bt_row, kvh, T0 + 1, tok_end, pw, lane, p1);
+        mbar_wait_wd(empty_bar(sb, 0, 0), pe);
+        load_blocks<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane);
+        mbar_wait_wd(empty_bar(sb, 1, 1), pe);
+        load_blocks<4, 9>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
+        mbar_wait_wd(empty_bar(sb, 0, 1), pe);
+        load_blocks<4, 9>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane);
+        mbar_wait_wd(empty_bar(sb, 1, 0), pe);
+        load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
+      }
+      cp_async_wait_all();
+    }
+  } else {
+  // ===================================================================== consumer warpgroups
+  setmaxnreg_inc_consumer();
+  const Range rg_ = range();
+  const int len = rg_.len, npairs = rg_.npairs, t_beg = rg_.t_beg, tok_end = rg_.tok_end;
+  const int r_lo = 16 * wi + g, r_hi = r_lo + 8;
+  const int lim_lo = min(row_key_limit(a, len, row0 + r_lo), tok_end);
+  const int lim_hi = min(row_key_limit(a, len, row0 + r_hi), tok_end);
+  const int lim_min = min(row_key_limit(a, len, row0), tok_end);
+  const float sc = a.scale_log2;
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float l_lo = 0.f, l_hi = 0.f;
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+
+  if (npairs > 0) {
+    // ---- prologue: S0 = Q K0^T (WG0) / S1 = Q K1^T (WG1) of the first pair
+    mbar_wait_wd(q_bar(sb), 0);
+    reg_fence(o);
+    reg_fence(s);
+    wgmma_fence();
+    if (wg == 0) {
+#pragma unroll
+      for (int c = 0; c < NCB; ++c) qk_block_waited(s, sb, 0, c, 0, c == 0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NCB; ++i) {
+        const int c = i < 5 ? 4 + i : i - 5;  // 4..8, 0..3 (fill order)
+        qk_block_waited(s, sb, 1, c, 0, i == 0);
+      }
+    }
+    wgmma_wait<0>();
+    reg_fence(s);
+
+    float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
+    float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
+
+    if (wg == 0) {
+      // =============================================================== warpgroup 0
+#pragma unroll 1
+      for (int it = 0; it < npairs; ++it) {
+        const int T0 = t_beg + 2 * it;
+        const bool nxt = it + 1 < npairs;
+        const u32 ph = (u32)(it & 1);
+        // softmax of S0 against the shared running max
+        float mx_lo, mx_hi;
+        scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
+        const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
+        const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
+        __syncwarp();
+        if (t == 0) {
+          sM[r_lo] = mn_lo;
+          sM[r_hi] = mn_hi;
+          sSc0[r_lo] = a0_lo;
+          sSc0[r_hi] = a0_hi;
+        }
+        float sum_lo, sum_hi;
+        exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
+        l_lo = l_lo * a0_lo + sum_lo;
+        l_hi = l_hi * a0_hi + sum_hi;
+        u32 pa[16];
+        pack_pa(pa, s, 1.f, 1.f);
+        named_bar_arrive(BAR_SCALE0, 256);
+        scale_o(o, a0_lo, a0_hi);
+        // O_L += P0 V0L (RS)
+        wgmma_fence();
+        pv_rs(o, pa, sb + OFF_K0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence_u(pa);
+        if (nxt) release(empty_bar(sb, 0, 0), lane);  // K0 cb 0..3 dead
+        // P0 a1 -> sP0 for WG1
+        named_bar_sync(BAR_SCALE1, 256);
+        const float a1_lo = sSc1[r_lo], a1_hi = sSc1[r_hi];
+        pack_pa(pa, s, a1_lo, a1_hi);
+        store_pa(sb + OFF_P0, pa, r_lo, r_hi, t);
+        fence_proxy_async_smem();
+        named_bar_arrive(BAR_P0, 256);
+        // O_L = O_L a1 + P1 V1L (SS, sP1 from WG1)
+        named_bar_sync(BAR_P1, 256);
+        scale_o(o, a1_lo, a1_hi);
+        l_lo *= a1_lo;
+        l_hi *= a1_hi;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) mbar_wait_wd(full_bar(sb, 1, c), ph);
+        cpasync_to_wgmma_fence();
+        wgmma_fence();
+        pv_ss(o, sb + OFF_P1, sb + OFF_K1);
+        wgmma_commit();
+        if (nxt) {
+          // next S0: cb 0..3 (refilled after P0 V0L), then cb 4..8 (after WG1's sP0 V0R); K1 cb 0..3
+          // are released once P1 V1L is done
+#pragma unroll
+          for (int c = 0; c < 4; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, c == 0);
+          wgmma_wait<4>();
+          release(empty_bar(sb, 1, 0), lane);
+#pragma unroll
+          for (int c = 4; c < NCB; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, false);
+        }
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(s);
+      }
+    } else {
+      // =============================================================== warpgroup 1
+#pragma unroll 1
+      for (int it = 0; it < npairs; ++it) {
+        const int T1 = t_beg + 2 * it + 1;
+        const bool nxt = it + 1 < npairs;
+        const u32 ph = (u32)(it & 1);
+        float mx_lo, mx_hi;
+        scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        named_bar_sync(BAR_SCALE0, 256);
+        const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
+        const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
+        const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
+        const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
+        __syncwarp();
+        if (t == 0) {
+          sM[r_lo] = mn_lo;
+          sM[r_hi] = mn_hi;
+          sSc1[r_lo] = a1_lo;
+          sSc1[r_hi] = a1_hi;
+        }
+        named_bar_arrive(BAR_SCALE1, 256);
+        float sum_lo, sum_hi;
+        exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
+        l_lo = l_lo * f_lo + sum_lo;
+        l_hi = l_hi * f_hi + sum_hi;
+        u32 pa[16];
+        pack_pa(pa, s, 1.f, 1.f);
+        store_pa(sb + OFF_P1, pa, r_lo, r_hi, t);
+        fence_proxy_async_smem();
+        scale_o(o, f_lo, f_hi);
+        // O_R += P1 V1R (RS)
+        wgmma_fence();
+        pv_rs(o, pa, sb + OFF_K1 + 4 * CB);
+        wgmma_commit();
+        // O_R += (P0 a1) V0R (SS, sP0 from WG0)
+        named_bar_sync(BAR_P0, 256);
+#pragma unroll
+        for (int c = 4; c < 8; ++c) mbar_wait_wd(full_bar(sb, 0, c), ph);
+        cpasync_to_wgmma_fence();
+        wgmma_fence();
+        pv_ss(o, sb + OFF_P0, sb + OFF_K0 + 4 * CB);
+        wgmma_commit();
+        named_bar_arrive(BAR_P1, 256);
+        if (nxt) {
+          wgmma_wait<1>();  // P1 V1R done: K1 cb 4..8 are dead
+          reg_fence_u(pa);
+          release(empty_bar(sb, 1, 1), lane);
+          wgmma_wait<0>();  // sP0 V0R done: K0 cb 4..8 (and sP0) are dead
+          reg_fence(o);
+          release(empty_bar(sb, 0, 1), lane);
+          // next S1: cb 4..8, then cb 0..3 (refilled after WG0's sP1 V1L)
+          wgmma_fence();
+#pragma unroll
+          for (int i = 0; i < NCB; ++i) {
+            const int c = i < 5 ? 4 + i : i - 5;
+            qk_block_waited(s, sb, 1, c, ph ^ 1u, i == 0);
+          }
+        }
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(s);
+        reg_fence_u(pa);
+      }
+    }
+  }
+  pdl_launch_dependents();
+
+  // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM)
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  float* lsum = reinterpret_cast<float*>(smem + OFF_LSUM);
+  if (t == 0) {
+    lsum[wg * 64 + r_lo] = l_lo;
+    lsum[wg * 64 + r_hi] = l_hi;
+  }
+  named_bar_sync(BAR_EPI, 256);
+  const float L_lo = lsum[r_lo] + lsum[64 + r_lo];
+  const float L_hi = lsum[r_hi] + lsum[64 + r_hi];
+  const float m_lo = sM[r_lo], m_hi = sM[r_hi];
+  const bool v_lo = row0 + r_lo < M, v_hi = row0 + r_hi < M;
+
+  if (S == 1) {
+    const float inv_lo = L_lo > 0.f ? 1.f / L_lo : 0.f, inv_hi = L_hi > 0.f ? 1.f / L_hi : 0.f;
+    if (v_lo) {
+      u16* dst = out_row_ptr(a, b, kvh, row0 + r_lo) + 256 * wg + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
+    }
+    if (v_hi) {
+      u16* dst = out_row_ptr(a, b, kvh, row0 + r_hi) + 256 * wg + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+    }
+    if (wg == 0 && t == 0) {
+      if (v_lo) *lse_ptr(a, b, kvh, row0 + r_lo) = L_lo > 0.f ? (fast_log2(L_lo) + m_lo) * LN2 : pos_inf();
+      if (v_hi) *lse_ptr(a, b, kvh, row0 + r_hi) = L_hi > 0.f ? (fast_log2(L_hi) + m_hi) * LN2 : pos_inf();
+    }
+    return;
+  }
+
+  // ---- split > 1: this split's partial (written even when empty), then the ticket
+  const long long unit = ((long long)b * a.h_kv + kvh) * nmb + mb;
+  const long long slot0 = (unit * S + split) * MLA_BLOCK_M;
+  if (v_lo) {
+    float* dst = a.ws_o + (slot0 + r_lo) * MLA_D_V + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j], o[4 * j + 1]};
+  }
+  if (v_hi) {
+    float* dst = a.ws_o + (slot0 + r_hi) * MLA_D_V + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j + 2], o[4 * j + 3]};
+  }
+  if (wg == 0 && t == 0) {
+    if (v_lo) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_lo)) = F32x2{m_lo, L_lo};
+    if (v_hi) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_hi)) = F32x2{m_hi, L_hi};
+  }
+  named_bar_sync(BAR_EPI, 256);  // every partial store precedes thread 0's release (acq_rel ticket)
+  u32* s_ticket = reinterpret_cast<u32*>(smem + OFF_TICKET);
+  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + unit, 1u);
+  named_bar_sync(BAR_EPI, 256);
+  if (*s_ticket != (u32)(S - 1)) return;
+  const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
+  merge_partials<MLA_BLOCK_M, 256, DT>(a, reinterpret_cast<float*>(smem + OFF_K0), unit, S, b, kvh, row0, rows, tid,
+                                       [] { named_bar_sync(BAR_EPI, 256); });
+  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);
+  }  // consumer warpgroups
+}
