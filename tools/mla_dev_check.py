@@ -390,12 +390,13 @@ def layout_model_narrow(nq: int) -> list[str]:
                     for e in range(8):
                         M.put(OFF_Q + c * QCB + _swz(r, u) + 2 * e, ("Q", r, 64 * c + 8 * u + e), f"narrow{nq} Q copy")
     piece = OFF_RING + 3 * PIECE  # any slot: the layout inside a piece does not depend on it
-    for lane in range(32):  # producer warp: rows 4 q + (lane >> 3), unit lane & 7 (one piece = cb c)
-        u = lane & 7
-        for q in range(16):
-            r = 4 * q + (lane >> 3)
-            for e in range(8):
-                M.put(piece + _swz(r, u) + 2 * e, ("K", r, 8 * u + e), f"narrow{nq} piece copy")
+    for pw in range(4):  # producer warps 4 + pw: rows 16 pw + 4 q + (lane >> 3), unit lane & 7 (one piece = cb c)
+        for lane in range(32):
+            u = lane & 7
+            for q in range(4):
+                r = 16 * pw + 4 * q + (lane >> 3)
+                for e in range(8):
+                    M.put(piece + _swz(r, u) + 2 * e, ("K", r, 8 * u + e), f"narrow{nq} piece copy")
     if len(M.mem) != nq * 576 + 64 * 64:
         errs.append(f"narrow{nq}: copies cover {len(M.mem)} elements, expected {nq * 576 + 64 * 64}")
     for k in range(4):  # S^T: A = piece (K-major), B = Q cb (K-major); channel c * 64 + 16 k + kk (c = 0 here)
@@ -761,10 +762,11 @@ def seesaw_model(npairs: int, seed: int) -> None:
 
 # ----------------------------------------------------------------------------- narrow
 def narrow_model(ntiles: int, nslot: int, seed: int) -> None:
-    """Transcription of dense_decode_narrow.cu's ring (producer warp + consumer warpgroup)."""
+    """Transcription of dense_decode_narrow.cu's ring (producer warpgroup + consumer warpgroup; the 4
+    producer warps run the same slot / parity sequence, so they are modelled as one agent)."""
     m = Machine(random.Random(seed))
     for s in range(nslot):
-        m.init_mbar(("full", s), 1)   # 32 producer lanes modelled as one arrival
+        m.init_mbar(("full", s), 1)   # 128 producer threads modelled as one arrival
         m.init_mbar(("empty", s), 1)  # 4 consumer warps modelled as one
     m.init_mbar("q", 1)
 

@@ -8,7 +8,7 @@ meant to be run under compute-sanitizer:
  ones an older driver lacks would otherwise be listed as API errors; device errors are unaffected.)
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
-0, negative, > capacity and poisoned (NaN) padding; MLA decode (wgmma and mma.sync, 1 and 3 splits,
+0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw, narrow16, wgmma and mma.sync, 1 and 3 splits,
 causal, NaN-poisoned pages and block-table entries). Exit code 0 when every result matches the oracle.
 """
 
@@ -71,7 +71,8 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     from gqadrv.mla.selftest import make_case
 
     bad = 0
-    for backend, splits, s_q, page in (("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
+    for backend, splits, s_q, page in (("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
+                                       ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
                                                num_splits=splits, causal=s_q > 1, backend=backend)

@@ -20,7 +20,7 @@ Variants (all read the same arguments, write the same outputs and merge splits i
               cp.async into two 72 KB K slots (mbarriers, setmaxnreg 224 / 56). For M > 32 packed rows
               per KV head (compute-bound at h_q 64 / 128).
   "narrow16"  sm_90a, wgmma with the 64 tokens of a tile as M (S^T = K Q^T, O^T += V^T P^T); 16 rows
-              per CTA, one consumer warpgroup + one producer warp, a 25-piece (200 KB) cp.async ring.
+              per CTA, one consumer warpgroup + one producer warpgroup, a 25-piece (200 KB) cp.async ring.
               For M <= 16 (memory-bound, e.g. h_q 16 s_q 1).
   "narrow32"  the same with 32 rows per CTA (23-piece ring): 16 < M <= 32.
   "wgmma"     the original simple kernel (wgmma, MLA_MMA=1), any M; correct fallback.
@@ -148,11 +148,11 @@ KERNELS = {
         "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
         (), ("sm_90a",), None, "two consumer warpgroups + a cp.async producer warpgroup, seesaw schedule; M > 32"),
     "narrow16": KernelVariant(
-        "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 160, 16,
+        "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
-        "tokens as wgmma M, producer warp + piece ring; memory-bound M <= 16"),
+        "tokens as wgmma M, producer warpgroup + piece ring; memory-bound M <= 16"),
     "narrow32": KernelVariant(
-        "narrow32", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 160, 32,
+        "narrow32", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 32,
         _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32)), ("sm_90a",), 32,
         "as narrow16 with 32 rows per CTA; 16 < M <= 32"),
     "wgmma": KernelVariant(

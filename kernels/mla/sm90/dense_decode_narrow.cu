@@ -10,7 +10,8 @@
 //           O^T lives in 8 accumulator sets (one per 64-channel block), NQ / 2 fp32 each per thread.
 // CTA work  grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb * split: NQ packed rows (zero-filled past M)
 //           against the tiles [ntiles * split / S, ntiles * (split + 1) / S), ntiles = ceil(key_len / 64).
-// Warps     160 threads: warpgroup 0 (warps 0..3) computes; warp 4 is the producer. In the consumer
+// Warps     256 threads: warpgroup 0 (warps 0..3) computes; warpgroup 1 (warps 4..7) produces, warp
+//           4 + p copying rows 16p .. 16p+15 of every piece. In the consumer
 //           warp w holds S^T / O^T rows (tokens or channels) 16w .. 16w+15; lane 4g + t holds columns
 //           (query rows) 8j + 2t + e, j < NQ / 8, e < 2.
 // Smem map  (base rounded up to 1024 B)
@@ -22,10 +23,11 @@
 //                                 exactly one channel block of A)
 //           + red[4][NQ], lred[4][NQ] fp32, 2 MLA_NSLOT + 1 mbarriers, ticket
 //           epilogue: the ring holds the output staging rows, then the [NQ][S] merge weights.
-// Pipeline  producer: per piece wait empty[slot] (parity starts at 1), 16 cp.async of 16 B per lane
-//           (4 rows x 128 B per instruction; zero-fill for tokens >= tok_end, whose block-table entries
-//           are never read), cp.async.mbarrier.arrive.noinc on full[slot] (count 32). Block-table
-//           entries of the next tile are loaded one tile ahead (2 per lane, shuffled to the rows).
+// Pipeline  producer (each of the 4 warps): per piece wait empty[slot] (parity starts at 1), 4 cp.async
+//           of 16 B per lane (4 rows x 128 B per instruction; zero-fill for tokens >= tok_end, whose
+//           block-table entries are never read), cp.async.mbarrier.arrive.noinc on full[slot] (count
+//           128: every producer thread). Block-table entries of the next tile are loaded one tile
+//           ahead (1 per lane, shuffled to the rows).
 //           consumer, tile i: wait S^T(i) (and O^T += ...(i-1)); release the pieces of tile i-1
 //           (channel blocks 0..7) and piece 8 of tile i (empty[slot], one arrival per warp);
 //           softmax (column max over the 64 tokens: shuffles over g, then red[] + named barrier 1);
@@ -64,7 +66,7 @@ constexpr u32 OFF_LRED = OFF_RED + 4 * NQ * 4;
 constexpr u32 OFF_BAR = OFF_LRED + 4 * NQ * 4;  // full[NSLOT], empty[NSLOT], q
 constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2);
 constexpr u32 SMEM_USED = OFF_TICKET + 16;
-constexpr int THREADS = 160;
+constexpr int THREADS = 256;
 constexpr u32 STG_BF16 = 1024u + 16u;          // output staging row strides (bank spread)
 constexpr u32 STG_F32 = 2048u + 16u;
 static_assert(NQ == 16 || NQ == 32, "NQ is 16 or 32");
@@ -96,20 +98,24 @@ GQADRV_DEVICE void wgmma_nq(float (&d)[16], u64 da, u64 db, int scale_d) {
   wgmma_m64n32k16_ss_t<DT, TA, TB>(d, da, db, scale_d);
 }
 
-// S^T += K(piece)[64 x 64 ch] Q(cb)^T: 4 k16 steps (issue only).
-GQADRV_DEVICE void qk_piece(float (&st)[NACC], u32 piece, u32 qcb, bool first) {
+// S^T += K(piece)[64 x 64 ch] Q(cb)^T: 4 k16 steps (issue only), alternating between two partial
+// accumulators (even k16 steps into st0, odd into st1; S^T = st0 + st1) so that consecutive wgmmas
+// do not depend on each other's accumulator (36 dependent m64nNQ steps otherwise).
+GQADRV_DEVICE void qk_piece(float (&st0)[NACC], float (&st1)[NACC], u32 piece, u32 qcb, bool first) {
   const u64 da = wgmma_desc_sw128(piece, 16, 1024);
   const u64 db = wgmma_desc_sw128(qcb, 16, 1024);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_nq<0, 0>(st, da + (u64)(k * 2), db + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+  for (int k = 0; k < 4; k += 2) {
+    wgmma_nq<0, 0>(st0, da + (u64)(k * 2), db + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+    wgmma_nq<0, 0>(st1, da + (u64)(k * 2 + 2), db + (u64)(k * 2 + 2), (first && k == 0) ? 0 : 1);
+  }
 }
 // O^T(cb) += V^T(piece: 64 channels x 64 tokens, MN-major) P^T (K-major): 4 k16 steps of 16 tokens
 // (+2 KB in the piece, +32 B in the P rows).
-GQADRV_DEVICE void pv_piece(float (&ot)[NACC], u32 piece, u32 p_base) {
+GQADRV_DEVICE void pv_step(float (&ot)[NACC], u32 piece, u32 p_base, int kk) {
   const u64 da = wgmma_desc_sw128(piece, PIECE, 1024);
   const u64 db = wgmma_desc_sw128(p_base, 16, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_nq<1, 0>(ot, da + (u64)(kk * 128), db + (u64)(kk * 2), 1);
+  wgmma_nq<1, 0>(ot, da + (u64)(kk * 128), db + (u64)(kk * 2), 1);
 }
 
 }  // namespace narrow
@@ -136,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int i = 0; i < NSLOT; ++i) {
-      mbar_init(full_bar(sb, i), 32);
+      mbar_init(full_bar(sb, i), 128);
       mbar_init(empty_bar(sb, i), 4);
     }
     mbar_init(q_bar(sb), 128);
@@ -153,30 +159,33 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   const i32* bt_row = a.block_table + (long long)b * a.bt_stride;
   __syncthreads();  // barriers initialised
 
-  if (warp == 4) {
-    // =================================================================== producer warp
+  if (warp >= 4) {
+    // =================================================================== producer warpgroup
+    // Warp pw = warp - 4 copies rows 16 pw .. 16 pw + 15 of every piece (4 cp.async of 16 B per lane
+    // per piece: row 16 pw + 4 q + (lane >> 3), unit lane & 7). One producer warp alone (the first
+    // version) could not keep enough copies in flight: 2.1 TB/s against 4 TB/s for the seesaw's
+    // producer warpgroup; four warps issue a quarter each.
     if (t_beg < t_end) {
+      const int pw = warp - 4;
       const int u = lane & 7, rsub = lane >> 3;
       const u16* kbase = a.k_cache + (long long)kvh * a.k_stride_head + u * 8;
       const int pmask = a.page_size - 1, pshift = a.page_shift;
-      auto fetch = [&](int tile, int& x, int& y) {
-        const int tok = tile * 64 + lane;
-        x = tok < tok_end ? bt_row[tok >> pshift] : 0;
-        y = tok + 32 < tok_end ? bt_row[(tok + 32) >> pshift] : 0;
+      // block-table entry of token tile * 64 + 16 pw + (lane & 15) (lanes 16..31 repeat 0..15)
+      auto fetch = [&](int tile) {
+        const int tok = tile * 64 + 16 * pw + (lane & 15);
+        return tok < tok_end ? bt_row[tok >> pshift] : 0;
       };
-      int cur_a, cur_b;
-      fetch(t_beg, cur_a, cur_b);
+      int cur = fetch(t_beg);
       int slot = 0;
       u32 ph = 0;
 #pragma unroll 1
       for (int tile = t_beg; tile < t_end; ++tile) {
-        int nxt_a = 0, nxt_b = 0;
-        if (tile + 1 < t_end) fetch(tile + 1, nxt_a, nxt_b);
-        const u16* src[16];
+        const int nxt = tile + 1 < t_end ? fetch(tile + 1) : 0;
+        const u16* src[4];
 #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          const int r = 4 * q + rsub, tok = tile * 64 + r;
-          const int blk = __shfl_sync(0xffffffffu, q < 8 ? cur_a : cur_b, r & 31);
+        for (int q = 0; q < 4; ++q) {
+          const int rl = 4 * q + rsub, tok = tile * 64 + 16 * pw + rl;
+          const int blk = __shfl_sync(0xffffffffu, cur, rl);
           src[q] = tok < tok_end
                        ? kbase + (long long)blk * a.k_stride_block + (long long)(tok & pmask) * a.k_stride_tok
                        : nullptr;
@@ -186,8 +195,8 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
           mbar_wait_wd(empty_bar(sb, slot), ph ^ 1u);
           const u32 dst = slot_addr(sb, slot);
 #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            const int r = 4 * q + rsub;
+          for (int q = 0; q < 4; ++q) {
+            const int r = 16 * pw + 4 * q + rsub;
             const bool ok = src[q] != nullptr;
             cp_async_16(dst + swz(r, u), ok ? (const void*)(src[q] + c * 64) : (const void*)a.k_cache, ok ? 16u : 0u);
           }
@@ -197,8 +206,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
             ph ^= 1u;
           }
         }
-        cur_a = nxt_a;
-        cur_b = nxt_b;
+        cur = nxt;
       }
       cp_async_wait_all();
     }
@@ -242,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     }
     mbar_wait_wd(q_bar(sb), 0);
 
-    float st[NACC];
+    float st[NACC], st1[NACC];
     int qslot = 0;  // ring position of the next piece to compute S^T with
     u32 qph = 0;
     auto issue_qk = [&]() {
@@ -251,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         mbar_wait_wd(full_bar(sb, qslot), qph);
         cpasync_to_wgmma_fence();
         wgmma_fence();
-        qk_piece(st, slot_addr(sb, qslot), sb + OFF_Q + (u32)c * QCB, c == 0);
+        qk_piece(st, st1, slot_addr(sb, qslot), sb + OFF_Q + (u32)c * QCB, c == 0);
         if (++qslot == NSLOT) {
           qslot = 0;
           qph ^= 1u;
@@ -265,10 +273,11 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     };
 
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) st[i] = 0.f;
+    for (int i = 0; i < NACC; ++i) st[i] = st1[i] = 0.f;
     // pin the initial values before the first wgmma is issued (no register moves may land inside
     // a wgmma pipeline stage, or ptxas serialises every wgmma)
     reg_fence(st);
+    reg_fence(st1);
 #pragma unroll
     for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
     issue_qk();
@@ -278,8 +287,12 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     for (int tile = t_beg; tile < t_end; ++tile) {
       wgmma_wait<0>();
       reg_fence(st);
+      reg_fence(st1);
 #pragma unroll
       for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+      float sv[NACC];  // S^T of this tile
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) sv[i] = st[i] + st1[i];
       if (tile > t_beg) {
 #pragma unroll 1
         for (int c = 0; c < 8; ++c) release(prev_base + c < NSLOT ? prev_base + c : prev_base + c - NSLOT);
@@ -297,7 +310,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         for (int e = 0; e < 2; ++e) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float v = st[4 * j + 2 * h + e] * sc;
+            const float v = sv[4 * j + 2 * h + e] * sc;
             x[j][e][h] = (need_mask && tok_lo + 8 * h >= lim[j][e]) ? MASKED : v;
           }
           float m = fmaxf(x[j][e][0], x[j][e][1]);
@@ -343,8 +356,12 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 
       // ---- O^T += V^T P^T (pieces 0..7 of this tile), then S^T of the next tile
       wgmma_fence();
+      // k16 step outer, channel block inner: consecutive wgmmas update different accumulators
 #pragma unroll
-      for (int m = 0; m < 8; ++m) pv_piece(ot[m], slot_addr(sb, base + m < NSLOT ? base + m : base + m - NSLOT), sb + OFF_P);
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+          pv_step(ot[m], slot_addr(sb, base + m < NSLOT ? base + m : base + m - NSLOT), sb + OFF_P, kk);
       wgmma_commit();
       prev_base = base;
       base = base + 9 < NSLOT ? base + 9 : base + 9 - NSLOT;
