@@ -19,6 +19,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
     ("torch_interop.py", []),
     ("jax_interop.py", []),
     ("tensor_parallel_decode.py", []),
+    ("mla_decode_cupy.py", []),
 ])
 def test_example(script, args, report):
     if script.startswith("torch"):
