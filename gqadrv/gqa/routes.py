@@ -15,7 +15,6 @@ import os
 
 from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
-from ..runtime.module import Signature
 from . import tcgen05 as _tc
 from .args import SIG_PLAIN, SIG_TMA
 from .contract import MAX_GROUP, MAX_SPLITS, STATE_ROW_PAD, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS

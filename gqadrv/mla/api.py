@@ -90,6 +90,14 @@ def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int
     return num_splits or meta.num_splits
 
 
+def _export(q, out, lse, new_out, new_lse, s: int, device: int) -> tuple:
+    """The caller's out / lse, or the new CuPy arrays handed back in q's framework."""
+    with on_stream(s, device):
+        o = out if out is not None else _tensors.export_like(new_out, q)
+        lo = lse if lse is not None else _tensors.export_like(new_lse, q)
+    return o, lo
+
+
 def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse, stream, who: str,
             capture_ok: bool):
     """Resolve the stream, order every input's producer before it, validate: (problem, stream,
@@ -154,9 +162,7 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
                                             variant.family.name)
     fields = _plan.args_fields(problem, variant, o_strides, o_ptr, l_ptr, ws, splits)
     launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, (fields,), problem.device)
-    with on_stream(s, problem.device):
-        o = out if out is not None else _tensors.export_like(new_out, q)
-        lo = lse if lse is not None else _tensors.export_like(new_lse, q)
+    o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return o, lo
 
 
@@ -182,9 +188,7 @@ def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: An
                                 splits=splits, stream=s)
     with _drv.device_scope(problem.device):
         _drv.check(_drv.driver().cuStreamSynchronize(s), "cuStreamSynchronize(prepare_mla_decode)")
-    with on_stream(s, problem.device):
-        o = out if out is not None else _tensors.export_like(new_out, q)
-        lo = lse if lse is not None else _tensors.export_like(new_lse, q)
+    o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return PreparedMlaDecode(
         device=problem.device, _plans=(launch,), _out=(o, lo),
         _keep=(q, k_cache, block_table, cache_seqlens, o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
