@@ -22,7 +22,8 @@ NAMES = {0: "prologue", 1: "pdl_wait", 2: "len", 3: "first_tile", 4: "warp0_done
 
 
 def run(text, splits, flush, cp):
-    from gqadrv.gqa import contract, plan
+    from gqadrv.gqa import contract
+    from gqadrv.gqa import plan as gplan
     from gqadrv.gqa.bench import make_inputs, parse_shape
     from gqadrv.ops import workspace
 
@@ -31,15 +32,15 @@ def run(text, splits, flush, cp):
     o = cp.empty_like(q)
     s = int(cp.cuda.get_current_stream().ptr)
     prob = contract.validate(q, kv, lens, o, 1.0, stream=s)
-    variant, loaded = plan.route(prob, None)
-    ns = splits or plan.default_splits(prob, variant, loaded)
+    variant, loaded = gplan.route(prob, None)
+    ns = splits or gplan.default_splits(prob, variant, loaded)
     if not variant.family.splittable:
         ns = 1
-    ws = workspace.alloc(0, s, plan.workspace_sizes(prob, ns), plan.WORKSPACE_ZERO) if ns > 1 else None
+    ws = workspace.alloc(0, s, gplan.workspace_sizes(prob, ns), gplan.WORKSPACE_ZERO) if ns > 1 else None
     # the trace buffer (grid * 16 stamps) takes the place of the status pointer
     n_cta = prob.batch * prob.num_kv_heads * ns
     trace = cp.zeros(n_cta * 16, cp.uint64)
-    plan = plan.build_launch(prob, variant, loaded, out_ptr=int(o.data.ptr), ws=ws, status_ptr=int(trace.data.ptr),
+    plan = gplan.build_launch(prob, variant, loaded, out_ptr=int(o.data.ptr), ws=ws, status_ptr=int(trace.data.ptr),
                              splits=ns, stream=s)
     grid, smem = plan.grid, plan.smem
     out = {}
