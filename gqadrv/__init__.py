@@ -3,14 +3,42 @@
 NVRTC compiles gqadrv's own kernels at run time; a loader on the CUDA driver API (cuda.bindings)
 launches them on any DLPack tensor (CuPy, torch, JAX), on any stream, inside CUDA-graph capture.
 Each op family (``gqadrv.gqa``, ...) exports its public names here; ``launch_prepared`` and
-``check_status`` serve every family's prepared objects.
+``check_status`` serve every family's prepared objects. The API is typed (``py.typed``); the
+protocols and aliases of its signatures are in ``gqadrv.types``.
 """
 
+from . import gqa as gqa  # the family packages and the type aliases, as attributes
+from . import mla as mla
+from . import types as types
 from ._version import __version__
-from . import gqa, mla
-from .gqa import *  # noqa: F401,F403 - the family's __all__
-from .mla import *  # noqa: F401,F403
+
+# Each family's __all__, imported by name so that type checkers see every public name (tests/test_typing.py
+# checks that __all__ below covers gqa.__all__ and mla.__all__).
+from .gqa import (
+    PreparedGqaDecode,
+    gqa_decode,
+    gqa_decode_reference,
+    launch_sm110_gqa_decode_prepared,
+    prepare_gqa_decode,
+    prepare_sm110_gqa_decode,
+    sm110_gqa_decode,
+)
+from .mla import (
+    MlaSchedMeta,
+    PreparedMlaDecode,
+    flash_mla_with_kvcache,
+    get_mla_metadata,
+    mla_decode_reference,
+    prepare_mla_decode,
+)
 from .ops.prepared import Prepared, check_status, launch_prepared
 from .ops.registry import FeatureError
+from .runtime import CompileError, CudaDriverError, NoGpuError, TensorMapError
 
-__all__ = ["FeatureError", "Prepared", "__version__", "check_status", "launch_prepared", *gqa.__all__, *mla.__all__]
+__all__ = [
+    "CompileError", "CudaDriverError", "FeatureError", "MlaSchedMeta", "NoGpuError", "Prepared", "PreparedGqaDecode",
+    "PreparedMlaDecode", "TensorMapError", "__version__", "check_status", "flash_mla_with_kvcache",
+    "get_mla_metadata", "gqa_decode", "gqa_decode_reference", "launch_prepared", "launch_sm110_gqa_decode_prepared",
+    "mla_decode_reference", "prepare_gqa_decode", "prepare_mla_decode", "prepare_sm110_gqa_decode",
+    "sm110_gqa_decode",
+]

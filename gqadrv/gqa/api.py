@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
@@ -22,6 +22,7 @@ from ..ops.replay import ReplayCache
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.streams import device_hint, is_capturing, on_stream, order_cupy, order_inputs, resolve_stream
+from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
 from . import plan as _plan
 from . import routes as _routes
@@ -67,8 +68,15 @@ def _replay_key(q, kv, lens, out, q_scale, stream, backend) -> tuple | None:
 
 
 # ----------------------------------------------------------------------------- convenience API
-def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
-               stream: Any = None, backend: str | None = None) -> Any:
+@overload
+def gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
+               q_scale: float = 1.0, stream: StreamLike | None = None, backend: Backend | None = None) -> ArrayT: ...
+@overload
+def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT, q_scale: float = 1.0,
+               stream: StreamLike | None = None, backend: Backend | None = None) -> OutT: ...
+def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
+               q_scale: float = 1.0, stream: StreamLike | None = None,
+               backend: Backend | None = None) -> DLPackArray:
     """One-token GQA decode.
 
     q [B, Hq, D], kv [B, 2, Hkv, C, D] (K at 0, V at 1), sequence_lengths int32 [B] on the device,
@@ -121,9 +129,12 @@ def gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_sca
 
 
 # ----------------------------------------------------------------------------- prepared API
+_R = TypeVar("_R")
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
-class PreparedGqaDecode(PreparedDecode):
-    """Immutable result of ``prepare_gqa_decode``; launch it with ``launch_prepared``."""
+class PreparedGqaDecode(PreparedDecode[_R]):
+    """Immutable result of ``prepare_gqa_decode``; ``launch_prepared`` returns ``O`` (type ``_R``)."""
 
 
 _PREP_KEYS = ("Q", "KV", "O", "sequence_lengths")
@@ -146,9 +157,18 @@ def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale):
     return Q, KV, O, sequence_lengths, q_scale
 
 
-def prepare_gqa_decode(inputs: dict | None = None, *, Q: Any = None, KV: Any = None, O: Any = None,
-                       sequence_lengths: Any = None, q_scale: Any = None, num_splits: Any = None,
-                       stream: Any = None, backend: str | None = None) -> PreparedGqaDecode:
+@overload
+def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, num_splits: int | None = None,
+                       stream: StreamLike | None = None, backend: Backend | None = None) -> PreparedGqaDecode[Any]: ...
+@overload
+def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: OutT,
+                       sequence_lengths: DLPackArray, q_scale: float | None = None, num_splits: int | None = None,
+                       stream: StreamLike | None = None, backend: Backend | None = None) -> PreparedGqaDecode[OutT]: ...
+def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray | None = None,
+                       KV: DLPackArray | None = None, O: DLPackArray | None = None,
+                       sequence_lengths: DLPackArray | None = None, q_scale: float | None = None,
+                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       backend: Backend | None = None) -> PreparedGqaDecode[Any]:
     """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
 
     ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale"}; the same

@@ -5,14 +5,17 @@ They behave like the portable entry points but raise RuntimeError unless the GPU
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ..ops.prepared import launch_prepared
 from ..runtime import driver as _drv
 from ..runtime.streams import device_hint
+from ..types import ArrayT, DLPackArray, OutT, StreamLike
 from .api import PreparedGqaDecode, gqa_decode, prepare_gqa_decode
 
 __all__ = ["launch_sm110_gqa_decode_prepared", "prepare_sm110_gqa_decode", "sm110_gqa_decode"]
+
+_R = TypeVar("_R")
 
 
 def _require_sm110(device: int) -> None:
@@ -24,15 +27,23 @@ def _require_sm110(device: int) -> None:
         )
 
 
-def sm110_gqa_decode(q: Any, kv: Any, sequence_lengths: Any, *, out: Any = None, q_scale: float = 1.0,
-                     stream: Any = None) -> Any:
+@overload
+def sm110_gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
+                     q_scale: float = 1.0, stream: StreamLike | None = None) -> ArrayT: ...
+@overload
+def sm110_gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT,
+                     q_scale: float = 1.0, stream: StreamLike | None = None) -> OutT: ...
+def sm110_gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *,
+                     out: DLPackArray | None = None, q_scale: float = 1.0,
+                     stream: StreamLike | None = None) -> DLPackArray:
     """Seed-compatible name: like ``gqa_decode`` but raises RuntimeError unless the GPU is SM110."""
     _drv.ensure_init()
     _require_sm110(device_hint(q))
     return gqa_decode(q, kv, sequence_lengths, out=out, q_scale=q_scale, stream=stream)
 
 
-def prepare_sm110_gqa_decode(inputs: dict, num_splits: Any = None, stream: Any = None) -> PreparedGqaDecode:
+def prepare_sm110_gqa_decode(inputs: dict[str, Any], num_splits: int | None = None,
+                             stream: StreamLike | None = None) -> PreparedGqaDecode[Any]:
     """Seed-compatible name of ``prepare_gqa_decode``; RuntimeError unless the GPU is SM110."""
     _drv.ensure_init()
     if isinstance(inputs, dict) and "Q" in inputs:
@@ -40,6 +51,6 @@ def prepare_sm110_gqa_decode(inputs: dict, num_splits: Any = None, stream: Any =
     return prepare_gqa_decode(inputs, num_splits=num_splits, stream=stream)
 
 
-def launch_sm110_gqa_decode_prepared(prepared: PreparedGqaDecode, stream: Any = None) -> Any:
+def launch_sm110_gqa_decode_prepared(prepared: PreparedGqaDecode[_R], stream: StreamLike | None = None) -> _R:
     """Seed-compatible name of ``launch_prepared``."""
     return launch_prepared(prepared, stream)

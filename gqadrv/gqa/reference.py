@@ -9,11 +9,13 @@ zeros. Positions >= len are never read, so NaN/Inf stored there cannot matter.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["gqa_decode_reference"]
 
 
-def gqa_decode_reference(q, kv, lengths, q_scale: float = 1.0) -> np.ndarray:
+def gqa_decode_reference(q: npt.ArrayLike, kv: npt.ArrayLike, lengths: npt.ArrayLike,
+                         q_scale: float = 1.0) -> npt.NDArray[np.float64]:
     """q [B, Hq, D], kv [B, 2, Hkv, C, D], lengths [B] (host arrays, any float dtype) -> float64 [B, Hq, D]."""
     q = np.asarray(q, dtype=np.float64)
     kv = np.asarray(kv)

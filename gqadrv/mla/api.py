@@ -14,7 +14,7 @@ prepared object, or one captured graph) stays valid when the lengths change.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
@@ -23,6 +23,7 @@ from ..ops.registry import FeatureError
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.streams import device_hint, is_capturing, on_stream, order_inputs, resolve_stream
+from ..types import ArrayT, DLPackArray, LseT, MlaBackend, OutT, StreamLike
 from . import contract as _contract
 from . import kernel_spec as _ks
 from . import plan as _plan
@@ -43,7 +44,7 @@ class MlaSchedMeta:
     FlashMLA's metadata, this object stays valid when the lengths change (one object per model is
     enough)."""
 
-    config: tuple | None = None
+    config: tuple[Any, ...] | None = None
     num_splits: int | None = None
 
     @property
@@ -128,12 +129,15 @@ def _outputs(problem, out, lse, s: int, dl: int | None):
     return new_out, new_lse, o_ptr, l_ptr, o_strides
 
 
-def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: int = 512,
-                           tile_scheduler_metadata: Any = None, num_splits: Any = None, softmax_scale: Any = None,
-                           causal: bool = False, is_fp8_kvcache: bool = False, indices: Any = None,
-                           attn_sink: Any = None, extra_k_cache: Any = None, extra_indices_in_kvcache: Any = None,
-                           topk_length: Any = None, extra_topk_length: Any = None, *, out: Any = None,
-                           lse: Any = None, stream: Any = None, backend: str | None = None) -> tuple[Any, Any]:
+def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray, cache_seqlens: DLPackArray,
+                           head_dim_v: int = 512, tile_scheduler_metadata: MlaSchedMeta | None = None,
+                           num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
+                           is_fp8_kvcache: bool = False, indices: DLPackArray | None = None,
+                           attn_sink: DLPackArray | None = None, extra_k_cache: DLPackArray | None = None,
+                           extra_indices_in_kvcache: DLPackArray | None = None,
+                           topk_length: DLPackArray | None = None, extra_topk_length: DLPackArray | None = None, *,
+                           out: OutT | None = None, lse: LseT | None = None, stream: StreamLike | None = None,
+                           backend: MlaBackend | None = None) -> tuple[OutT | ArrayT, LseT | ArrayT]:
     """MLA decode with FlashMLA's names, argument order, shapes and semantics (dense path).
 
     q [b, s_q, h_q, 576] fp16/bf16; k_cache [num_blocks, page_size, h_kv, 576] (page_size a power of
@@ -145,6 +149,7 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
     ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'narrow16', 'narrow32', 'wgmma', 'mma').
+    The sparse / FP8 arguments are FlashMLA's; anything but None/False raises ``FeatureError``.
     """
     _check_dense_only(is_fp8_kvcache, dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
                                            extra_indices_in_kvcache=extra_indices_in_kvcache,
@@ -166,14 +171,19 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
     return o, lo
 
 
+_R = TypeVar("_R")
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
-class PreparedMlaDecode(PreparedDecode):
-    """Immutable result of ``prepare_mla_decode``; ``launch_prepared`` returns ``(out, lse)``."""
+class PreparedMlaDecode(PreparedDecode[_R]):
+    """Immutable result of ``prepare_mla_decode``; ``launch_prepared`` returns ``(out, lse)`` (type ``_R``)."""
 
 
-def prepare_mla_decode(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: int = 512, *,
-                       out: Any = None, lse: Any = None, softmax_scale: Any = None, causal: bool = False,
-                       num_splits: Any = None, stream: Any = None, backend: str | None = None) -> PreparedMlaDecode:
+def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray, cache_seqlens: DLPackArray,
+                       head_dim_v: int = 512, *, out: OutT | None = None, lse: LseT | None = None,
+                       softmax_scale: float | None = None, causal: bool = False, num_splits: int | None = None,
+                       stream: StreamLike | None = None,
+                       backend: MlaBackend | None = None) -> PreparedMlaDecode[tuple[OutT | ArrayT, LseT | ArrayT]]:
     """Validate, route, compile, allocate (outputs when not given, workspace) and pack once; then
     ``launch_prepared(p)`` is one cuLaunchKernelEx that reads the current lengths, block table,
     q and cache contents on the device (update them in place between launches or graph replays).

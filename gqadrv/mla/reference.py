@@ -17,7 +17,10 @@ head) loop that looks every key up through the block table one token at a time.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["mla_decode_reference", "clamp_lengths"]
 
@@ -27,8 +30,9 @@ def clamp_lengths(cache_seqlens, max_blocks: int, page_size: int) -> np.ndarray:
     return np.clip(lens, 0, max_blocks * page_size)
 
 
-def mla_decode_reference(q, k_cache, block_table, cache_seqlens, head_dim_v: int = 512,
-                         softmax_scale: float | None = None, causal: bool = False):
+def mla_decode_reference(q: npt.ArrayLike, k_cache: npt.NDArray[Any], block_table: npt.ArrayLike,
+                         cache_seqlens: npt.ArrayLike, head_dim_v: int = 512, softmax_scale: float | None = None,
+                         causal: bool = False) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     q = np.asarray(q)
     b, s_q, h_q, d = q.shape
     num_blocks, page, h_kv, d_k = k_cache.shape

@@ -14,28 +14,33 @@ graphs replayed concurrently). Give each concurrently running stream or graph it
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..runtime import driver as _drv
 from ..runtime.module import LaunchPlan
 from ..runtime.streams import resolve_stream
+from ..types import StreamLike
 
 __all__ = ["Prepared", "PreparedDecode", "check_status", "launch_prepared"]
 
+R = TypeVar("R")
+"""What ``launch_prepared`` returns for a prepared object (its caller-visible output)."""
+
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Prepared:
-    """Base of every prepared object (``PreparedGqaDecode``, ``PreparedMlaDecode``, ...)."""
+class Prepared(Generic[R]):
+    """Base of every prepared object (``PreparedGqaDecode``, ``PreparedMlaDecode``, ...); generic in
+    what ``launch_prepared`` returns for it."""
 
     device: int
-    _plans: tuple = dataclasses.field(compare=False)          # LaunchPlan, launched in order
-    _out: Any = dataclasses.field(compare=False)              # what launch_prepared returns
-    _keep: tuple = dataclasses.field(compare=False)           # inputs and buffers kept alive
+    _plans: tuple[LaunchPlan, ...] = dataclasses.field(compare=False)  # launched in order
+    _out: R = dataclasses.field(compare=False)                # what launch_prepared returns
+    _keep: tuple[Any, ...] = dataclasses.field(compare=False)  # inputs and buffers kept alive
     _status: Any = dataclasses.field(compare=False)           # CuPy uint32 [n] or None
-    _status_names: tuple = dataclasses.field(compare=False)   # ((code, name), ...) for check_status
+    _status_names: tuple[tuple[int, str], ...] = dataclasses.field(compare=False)  # for check_status
 
     @property
-    def output(self) -> Any:
+    def output(self) -> R:
         return self._out
 
     @property
@@ -49,13 +54,13 @@ class Prepared:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class PreparedDecode(Prepared):
+class PreparedDecode(Prepared[R]):
     """A prepared decode launch with the facts a user may want to inspect (route = module name)."""
 
     route: str
     num_splits: int
-    grid: tuple
-    block: tuple
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
     dynamic_smem: int
     workspace_bytes: int
     arch: str
@@ -68,7 +73,7 @@ class PreparedDecode(Prepared):
                 f"arch={self.arch!r}, device={self.device})")
 
 
-def launch_prepared(prepared: Prepared, stream: Any = None) -> Any:
+def launch_prepared(prepared: Prepared[R], stream: StreamLike | None = None) -> R:
     """Enqueue one prepared launch (graph-capturable; no validation, allocation or host read).
 
     ``stream``: None = the stream given at prepare time; any accepted stream spelling otherwise,
@@ -91,7 +96,7 @@ def launch_prepared(prepared: Prepared, stream: Any = None) -> Any:
     return prepared._out
 
 
-def check_status(prepared: Prepared) -> dict:
+def check_status(prepared: Prepared[Any]) -> dict[str, list[int]]:
     """Synchronizing debug helper: which requests of the last launch had out-of-range device data.
 
     Returns {name: [request indices]} for the op's status codes (GQA decode: ``empty`` lengths

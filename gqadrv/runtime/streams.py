@@ -10,7 +10,10 @@ imported), otherwise CuPy's current stream.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
+
+from ..types import StreamLike
 
 __all__ = ["resolve_stream", "default_stream", "is_capturing", "on_stream", "order_inputs", "device_hint"]
 
@@ -34,7 +37,7 @@ def default_stream(device: int, framework: str | None = None) -> int:
         return int(cupy.cuda.get_current_stream().ptr)
 
 
-def resolve_stream(stream: Any, device: int = 0, framework: str | None = None) -> int:
+def resolve_stream(stream: StreamLike | None, device: int = 0, framework: str | None = None) -> int:
     """The raw stream handle for ``stream`` (see module docstring); raises TypeError/ValueError."""
     if stream is None:
         return default_stream(device, framework)
@@ -75,14 +78,14 @@ class ExternalStream:
     def __init__(self, handle: int):
         self.handle = handle
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
 
 
-_ext_streams: dict = {}
+_ext_streams: dict[tuple[int, int], Any] = {}
 
 
-def on_stream(stream: int, device: int):
+def on_stream(stream: int, device: int) -> Any:
     """A CuPy stream object for a raw handle (cached), usable as a ``with`` context so CuPy
     allocations and kernels are stream-ordered on ``stream``."""
     key = (device, stream)
@@ -98,7 +101,7 @@ def on_stream(stream: int, device: int):
     return st
 
 
-_order_events: dict = {}
+_order_events: dict[tuple[int, int], Any] = {}
 
 
 def order_cupy(device: int, s: int) -> None:
@@ -119,7 +122,7 @@ def order_cupy(device: int, s: int) -> None:
         check(driver().cuStreamWaitEvent(s, int(ev.ptr), 0), "cuStreamWaitEvent")
 
 
-def order_inputs(tensors, device: int, s: int) -> int | None:
+def order_inputs(tensors: Iterable[Any], device: int, s: int) -> int | None:
     """Order every input's producer before a launch on ``s``; returns the stream to hand to
     ``tensors.as_view`` for the DLPack handshake of non-CuPy producers (torch, JAX, ...).
 

@@ -40,7 +40,7 @@ def _imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-FLOOR = {"runtime": 0, "_version": 0, "ops": 1, "gqa": 2, "mla": 2, "merge": 2, "cli": 3, "__main__": 4}
+FLOOR = {"runtime": 0, "_version": 0, "types": 0, "ops": 1, "gqa": 2, "mla": 2, "merge": 2, "cli": 3, "__main__": 4}
 
 
 def _floor(mod: str) -> int | None:
