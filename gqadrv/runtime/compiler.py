@@ -5,6 +5,14 @@ inlined here (with ``#line`` markers, so NVRTC errors name the original file and
 makes a compile independent of the file system and lets the cache key cover the exact source
 closure. Angle includes (CUDA toolkit headers) are resolved only for modules that ask for them:
 NVRTC >= 13.3 bundled headers, else the nvidia-cuda-runtime wheel, else $CUDA_HOME/include.
+
+Targets: ``arch_for_cc(cc)`` is what the runtime compiles for on a GPU; ``target_arches()`` lists
+it for every compute capability 8.0+ this NVRTC supports (``compile --arch`` accepts exactly
+these); ``build_arch(target)`` says which claimed arch's kernel families a GPU of that target
+loads (sm_86, sm_120, ... load the sm_80 families, compiled for their own target).
+
+Every compile is logged on the ``gqadrv.compiler`` logger (runtime/log.py, GQADRV_LOG): label,
+arch, cache hit (memory / disk) or miss, seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import struct
@@ -21,6 +30,7 @@ import time
 from pathlib import Path
 
 from . import cache as _cache
+from .log import get_logger
 
 __all__ = [
     "ARCHES",
@@ -29,17 +39,25 @@ __all__ = [
     "ResourceUsage",
     "arch_for_cc",
     "arch_number",
+    "build_arch",
+    "cc_for_arch",
+    "check_target_arch",
     "compile_module",
     "cuda_header_options",
     "kernels_root",
     "nvrtc_version",
     "parse_ptxas_report",
     "source_closure",
+    "target_arches",
 ]
 
 # Architectures gqadrv claims (each kernel family says which of these it builds for).
 ARCHES = ("sm_80", "sm_90a", "sm_100a", "sm_110a")
+# Families built for this plain target use no arch-specific feature: on every GPU of compute
+# capability 8.0+ whose target (arch_for_cc) is not in ARCHES, they are what the routers load.
+PORTABLE_ARCH = "sm_80"
 CACHE_FORMAT = 1
+_log = get_logger("compiler")
 
 
 class CompileError(RuntimeError):
@@ -150,6 +168,54 @@ def arch_for_cc(cc: tuple[int, int]) -> str:
     if (major, minor) in ((9, 0), (10, 0), (10, 3), (11, 0)):
         return f"sm_{major}{minor}a"
     return f"sm_{major}{minor}"
+
+
+def cc_for_arch(arch: str) -> tuple[int, int]:
+    """sm_86 -> (8, 6), sm_90a -> (9, 0), sm_120 -> (12, 0)."""
+    n = arch_number(arch)
+    return divmod(n, 10)
+
+
+def target_arches() -> tuple[str, ...]:
+    """Every target the runtime compiles for on a GPU of compute capability 8.0+ that this NVRTC
+    can build: ``arch_for_cc(cc)`` for each supported cc (sm_80, sm_86, ..., sm_90a, sm_100a, sm_103a,
+    sm_110a, sm_120, ...). ``python -m gqadrv compile --arch`` accepts exactly these."""
+    out = []
+    for n in nvrtc_supported_archs():
+        if n >= 80:
+            a = arch_for_cc(divmod(n, 10))
+            if a not in out:
+                out.append(a)
+    return tuple(out)
+
+
+def check_target_arch(arch: str) -> str:
+    """``arch`` normalised, if it is one of target_arches(); ValueError naming the accepted ones."""
+    accepted = target_arches()
+    try:
+        a = normalize_arch(arch)
+    except ValueError:
+        raise ValueError(f"invalid architecture {arch!r}: expected one of {', '.join(accepted)}") from None
+    if a in accepted:
+        return a
+    hint = ""
+    cc = cc_for_arch(a)
+    if cc >= (8, 0) and arch_number(a) in nvrtc_supported_archs() and arch_for_cc(cc) != a:
+        hint = f"; on compute capability {cc[0]}.{cc[1]} the runtime compiles for {arch_for_cc(cc)}"
+    elif cc < (8, 0):
+        hint = "; gqadrv needs compute capability 8.0 or newer"
+    raise ValueError(
+        f"unsupported architecture {a}{hint}; accepted (what the runtime compiles for on each GPU, "
+        f"NVRTC {'.'.join(map(str, nvrtc_version()))}): {', '.join(accepted)}"
+    )
+
+
+def build_arch(target: str) -> str:
+    """The entry of ARCHES whose kernel families a device with NVRTC target ``target`` loads:
+    ``target`` itself when gqadrv claims it, else PORTABLE_ARCH (sm_86, sm_89, sm_103a, sm_120, ...
+    load the families built for plain sm_80, compiled for ``target`` by ``ops.kernels.load``)."""
+    a = normalize_arch(target)
+    return a if a in ARCHES else PORTABLE_ARCH
 
 
 # ----------------------------------------------------------------------------- headers
@@ -303,8 +369,12 @@ def compile_module(
     need_cuda_headers: bool = False,
     cache: "_cache.CubinCache | None" = None,
     root: Path | None = None,
+    label: str | None = None,
 ) -> CompiledModule:
-    """Compile ``source`` (path under the kernels root, or under ``root``) for ``arch``; cached by content."""
+    """Compile ``source`` (path under the kernels root, or under ``root``) for ``arch``; cached by content.
+
+    ``label`` names the module in the log (default: the source and its defines); it is not part
+    of the cache key."""
     arch = normalize_arch(arch)
     num = arch_number(arch)
     if num not in nvrtc_supported_archs():
@@ -323,24 +393,45 @@ def compile_module(
     key = h.hexdigest()
     cache = cache if cache is not None else _cache.default_cache()
 
+    if label is None:
+        label = source + "".join(f" {k}={defines[k]}" for k in sorted(defines))
+
     with _lock_for(key):
-        payload = cache.get(key)
+        t0 = time.perf_counter()
+        payload, where = cache.lookup(key) if hasattr(cache, "lookup") else (cache.get(key), "cache")
         if payload is not None:
             try:
                 meta, cubin, ptx = _unpack_payload(payload)
-                return CompiledModule(
+                mod = CompiledModule(
                     key=key, source=source, arch=arch, options=opts, cubin=cubin, ptx=ptx, log=meta["log"],
                     resources={k: ResourceUsage(**v) for k, v in meta["resources"].items()},
                     sources=tuple(r for r, _ in closure), from_cache=True, seconds=0.0,
                 )
+                # a memory hit repeats a lookup of this process: DEBUG; a disk hit or a compile: INFO
+                _log.log(logging.DEBUG if where == "memory" else logging.INFO, "%s for %s: cache hit (%s), %.3f s",
+                         label, arch, where, time.perf_counter() - t0)
+                _log.debug("  key %s", key)
+                return mod
             except (ValueError, KeyError, TypeError, struct.error):
-                pass  # unreadable payload from an older layout: rebuild below
+                where = "unreadable"  # unreadable payload from an older layout: rebuild below
         t0 = time.perf_counter()
-        cubin, ptx, log = _run_nvrtc(text, source, arch, opts)
+        try:
+            cubin, ptx, log = _run_nvrtc(text, source, arch, opts)
+        except CompileError as exc:
+            _log.info("%s for %s: cache miss, NVRTC failed after %.2f s: %s", label, arch, time.perf_counter() - t0,
+                      str(exc).splitlines()[0])
+            raise
         seconds = time.perf_counter() - t0
         resources = parse_ptxas_report(log)
         meta = {"log": log, "resources": {k: v.to_dict() for k, v in resources.items()}, "source": source, "arch": arch}
         cache.put(key, _pack_payload(meta, cubin, ptx))
+        why = "" if where in ("miss", "cache") else f" ({where} entry)"
+        _log.info("%s for %s: cache miss%s, compiled in %.2f s", label, arch, why, seconds)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("  key %s; options %s", key, " ".join(opts))
+            for r in resources.values():
+                _log.debug("  %s: %d registers, %d B smem, %d B stack, spill %d/%d B", r.kernel, r.registers,
+                           r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads)
         return CompiledModule(
             key=key, source=source, arch=arch, options=opts, cubin=cubin, ptx=ptx, log=log, resources=resources,
             sources=tuple(r for r, _ in closure), from_cache=False, seconds=seconds,
