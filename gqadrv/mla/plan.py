@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..ops import kernels as _kernels
 from ..ops.bounded import BoundedMap
 from ..ops.kernels import Loaded
+from ..ops.registry import require_features
 from ..ops.workspace import Workspace
 from ..runtime import driver as _drv
 from ..runtime.module import ArgPack, LaunchPlan
@@ -15,10 +16,20 @@ from . import kernel_spec as _ks
 from . import routes as _routes
 from .contract import MlaProblem
 
-__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "route", "workspace_sizes"]
+__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "route", "workspace_sizes"]
 
 WORKSPACE_ZERO = ("counters",)
 _routes_cache = BoundedMap(256)
+
+
+def features_of(problem: MlaProblem) -> set[str]:
+    """The kernel features a problem needs (checked against the routed family's declaration)."""
+    f = {"dense_kv", "paged_kv", "lse", "fp16" if problem.dtype == "float16" else "bf16"}
+    if problem.causal:
+        f.add("causal")
+    if problem.s_q > 1:
+        f.add("multi_token")
+    return f
 
 
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
@@ -26,7 +37,10 @@ def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant,
     hit = _routes_cache.get(key)
     if hit is None:
         variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend)
+        require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
+    elif problem.causal or problem.s_q > 1:
+        require_features(hit[0].family, features_of(problem), "MLA decode")
     return hit
 
 

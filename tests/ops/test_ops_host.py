@@ -151,3 +151,31 @@ def test_merge_states_equals_attention_over_the_union():
     np.testing.assert_allclose(ml, lse, rtol=1e-12)
     e, el = oracle.merge_states([parts[1][0]], [parts[1][1]])  # all empty
     assert np.all(e == 0) and np.all(el == np.inf)
+
+
+# ----------------------------------------------------------------------------- declared features
+def test_dispatcher_names_missing_features():
+    from gqadrv.ops.registry import FeatureError, KernelFamily, require_features
+    from gqadrv.runtime.module import Signature
+
+    fam = KernelFamily("toy", "toy.cu", "toy", ("sm_90a",), Signature(), frozenset({"dense_kv", "bf16"}))
+    require_features(fam, {"bf16"})
+    with pytest.raises(FeatureError, match=r"toy.*does not support causal, paged_kv .*supports: bf16, dense_kv"):
+        require_features(fam, {"bf16", "paged_kv", "causal"})
+
+
+def test_mla_problems_need_only_declared_features():
+    import dataclasses
+
+    from gqadrv.mla import plan, routes
+
+    @dataclasses.dataclass
+    class P:
+        dtype: str
+        causal: bool
+        s_q: int
+
+    for fam in routes.FAMILIES.values():
+        for p in (P("float16", False, 1), P("bfloat16", True, 4)):
+            assert plan.features_of(p) <= fam.features, (fam.name, plan.features_of(p))
+    assert "multi_token" in plan.features_of(P("bfloat16", True, 2))
