@@ -1,8 +1,9 @@
 """Prove that a restructuring of kernels/ leaves the machine code unchanged.
 
 For every architecture in (sm_80, sm_90a, sm_100a, sm_110a) and every module that
-`python -m gqadrv compile --arch ARCH` builds (the GQA variants of a *baseline* checkout's route
-table, plus the runtime proof kernels), compile the OLD source from the baseline kernels tree and
+`python -m gqadrv compile --arch ARCH` builds (the GQA and MLA variants of a *baseline* checkout's
+route tables, plus the runtime proof kernels), and every MLA variant's watchdog build
+(MLA_WATCHDOG=1, development only), compile the OLD source from the baseline kernels tree and
 the NEW source (the old path mapped through OLD_TO_NEW) from this checkout's kernels tree, with the
 same defines and the same NVRTC options, disassemble both cubins with `cuobjdump -sass` and compare
 the instruction lines (function banners, header flags, every instruction with its address and its
@@ -47,17 +48,26 @@ OLD_TO_NEW = {
     "sm100/gqa_decode_tc_long.cu": "gqa/sm100/decode_tc_long.cu",
     "runtime/tma_ring_reduce.cu": "runtime/tma_ring_reduce.cu",
     "runtime/stream_read.cu": "runtime/stream_read.cu",
-}
+}  # a source path that is not listed and exists in the new tree maps to itself (baselines after the move)
 
 # Runs inside the baseline package: the module list of `gqadrv compile` for each arch, as JSON.
 _ENUMERATE = r"""
 import json, sys
 from gqadrv.gqa import routes
 from gqadrv.runtime.proof import PROOF_SOURCE
+try:  # baselines before the MLA op have no gqadrv.mla
+    from gqadrv.mla import kernel_spec as mla_spec, routes as mla_routes
+except ImportError:
+    mla_routes = None
 out = []
 for arch in sys.argv[1:]:
     for v in routes.variants_for_arch(arch):
         out.append([arch, v.name, v.family.source, v.family.entry, v.defines])
+    if mla_routes is not None:
+        for v in mla_routes.variants_for_arch(arch):
+            out.append([arch, v.name, v.family.source, v.family.entry, v.defines])
+            out.append([arch, v.name + "_watchdog", v.family.source, v.family.entry,
+                        mla_spec.defines(v.dtype, v.family.name, watchdog=True)])
     if int(arch[3:].rstrip("af")) >= 90:
         for dt, name in ((0, "float16"), (1, "bfloat16"), (2, "float32")):
             out.append([arch, f"proof_tma_ring_reduce_{name}", PROOF_SOURCE, "tma_ring_reduce", {"PROOF_DT": dt}])
@@ -186,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             new = src
         elif src in OLD_TO_NEW:
             new = OLD_TO_NEW[src]
+        elif (new_root / src).is_file():
+            new = src
         else:
             raise SystemExit(f"{src} (module {name}) has no entry in OLD_TO_NEW")
         jobs.append(dict(arch=arch, name=name, entry=entry, defines=defines, old=src, new=new,

@@ -136,6 +136,24 @@ GQADRV_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Dynamic shared memory actually provided by the launch (bytes).
+GQADRV_DEVICE u32 dynamic_smem_bytes() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+
+// ----------------------------------------------------------------------------- named barriers
+// bar.sync / bar.arrive on hardware barrier `id` (1..15; 0 is __syncthreads) expecting `count`
+// threads (a multiple of 32): barriers for a subset of the warps; in producer/consumer hand-offs one
+// side arrives, the other syncs.
+GQADRV_DEVICE void named_bar_sync(u32 id, u32 count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+GQADRV_DEVICE void named_bar_arrive(u32 id, u32 count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // ----------------------------------------------------------------------------- mbarrier / TMA
 #if GQADRV_ARCH >= 90
 GQADRV_DEVICE void mbar_init(u32 bar, u32 count) {

@@ -88,18 +88,6 @@ GQADRV_DEVICE void tmem_st_32x32b_x16(u32 taddr, const u32 (&r)[16]) {
 GQADRV_DEVICE void tc_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory"); }
 GQADRV_DEVICE void tc_wait_st() { asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory"); }
 
-// Named barrier for a subset of warps (id 0 is __syncthreads). `count` = threads, multiple of 32.
-GQADRV_DEVICE void named_bar_sync(u32 id, u32 count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
-// Dynamic shared memory actually provided by the launch (bytes).
-GQADRV_DEVICE u32 dynamic_smem_bytes() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
-}
-
 GQADRV_DEVICE void st_shared_v4(u32 addr, U32x4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");

@@ -1,5 +1,7 @@
-// gqadrv — MLA dense decode: pieces shared by the seesaw and narrow kernels (the original
-// dense_decode.cu keeps its own copies so that its SASS stays as measured).
+// gqadrv — MLA dense decode: pieces shared by the three kernels (dense_decode.cu, the seesaw and the
+// narrow kernel). dense_decode.cu keeps its own row limit, Q / out / lse row pointers and K row
+// loads: calling the helpers below for those changes its SASS (it keeps `group` in a register and
+// does not clamp the causal limit), and its SASS must stay as measured.
 //
 // Row geometry: packed row rg of (request b, KV head kvh) is query token s = rg / group, head
 // kvh * group + rg % group; rows rg >= M = s_q * group are padding (zero Q, never stored).
@@ -47,10 +49,18 @@ GQADRV_DEVICE float fast_log2(float x) {
   return y;
 }
 GQADRV_DEVICE float pos_inf() { return __int_as_float(0x7f800000); }
-GQADRV_DEVICE u32 dynamic_smem_size() {
-  u32 r;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
+// The dynamic shared memory with its base rounded up to 1024 B (the 128B swizzle needs 1 KB-aligned
+// blocks): sets `smem` (generic pointer) and returns the shared-window address. Declared 16-byte
+// aligned only, so that the round-up is computed at run time and never folded away on an alignment
+// promise. Thread 0 (tid) traps when the launch provides fewer than `used` bytes past the round-up.
+GQADRV_DEVICE u32 aligned_dynamic_smem(u8*& smem, u32 used, int tid) {
+  extern __shared__ __align__(16) u8 smem_raw[];
+  const u32 raw = smem_u32(smem_raw);
+  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
+  smem = smem_raw + pad;
+  const u32 sb = raw + pad;
+  if (tid == 0 && pad + used > dynamic_smem_bytes()) __trap();
+  return sb;
 }
 
 // Cache length of request b, clamped to [0, max_blocks * page_size]; read on the device only.
@@ -86,18 +96,108 @@ GQADRV_DEVICE const u16* k_row_ptr(const MlaDecodeArgs& a, const i32* bt_row, in
          (long long)kvh * a.k_stride_head;
 }
 
+// ------------------------------------------------- epilogue of the 64-row, two-warpgroup kernels
+// dense_decode.cu and dense_decode_seesaw.cu: warpgroup wg (0, 1) holds output columns
+// [256 wg, 256 wg + 256) of the thread's rows lo = 16 wi + g and hi = lo + 8 in the wgmma C layout:
+// o[4j], o[4j + 1] = row lo, columns 256 wg + 8j + 2t (+1); o[4j + 2], o[4j + 3] = row hi.
+
+// Row sums of the thread's rows lo / hi: its partial sums l_lo / l_hi over the quad (lanes
+// 4g .. 4g + 3), then over the two warpgroups through lsum[2][64] (shared memory; sync() is a barrier
+// over both warpgroups). Both warpgroups' sums must be relative to the same running max.
+template <class Sync>
+GQADRV_DEVICE void sum_rows_2wg(float* lsum, float l_lo, float l_hi, int lo, int hi, int wg, int t, Sync sync,
+                                float& L_lo, float& L_hi) {
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if (t == 0) {
+    lsum[wg * 64 + lo] = l_lo;
+    lsum[wg * 64 + hi] = l_hi;
+  }
+  sync();
+  L_lo = lsum[lo] + lsum[64 + lo];
+  L_hi = lsum[hi] + lsum[64 + hi];
+}
+// The thread's two rows, as the stores below need them.
+struct RowPair {
+  int lo, hi;        // rows of the block
+  bool v_lo, v_hi;   // valid rows (row0 + r < M): the only ones stored
+  float m_lo, m_hi;  // running max (log2 domain)
+  float L_lo, L_hi;  // row sums
+};
+// S == 1: out = O / L (q dtype); lse = ln 2 * (log2 L + m) (+inf and zeros for L == 0), written by
+// warpgroup 0. out_row(r) / lse_at(r): the out row / lse element of the block's row r.
+template <int DT, class OutRow, class LseAt>
+GQADRV_DEVICE void store_out_rows(const float (&o)[128], const RowPair& rp, int wg, int t, OutRow out_row,
+                                  LseAt lse_at) {
+  const float inv_lo = rp.L_lo > 0.f ? 1.f / rp.L_lo : 0.f, inv_hi = rp.L_hi > 0.f ? 1.f / rp.L_hi : 0.f;
+  if (rp.v_lo) {
+    u16* dst = out_row(rp.lo) + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
+  }
+  if (rp.v_hi) {
+    u16* dst = out_row(rp.hi) + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+  }
+  if (wg == 0 && t == 0) {
+    if (rp.v_lo) *lse_at(rp.lo) = rp.L_lo > 0.f ? (fast_log2(rp.L_lo) + rp.m_lo) * LN2 : pos_inf();
+    if (rp.v_hi) *lse_at(rp.hi) = rp.L_hi > 0.f ? (fast_log2(rp.L_hi) + rp.m_hi) * LN2 : pos_inf();
+  }
+}
+// S > 1: the unnormalised fp32 O and {m, L} of the valid rows to the workspace, partial row slot0 + r
+// (written even when the split was empty).
+GQADRV_DEVICE void store_partial_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, long long slot0,
+                                      int wg, int t) {
+  if (rp.v_lo) {
+    float* dst = a.ws_o + (slot0 + rp.lo) * D_V + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j], o[4 * j + 1]};
+  }
+  if (rp.v_hi) {
+    float* dst = a.ws_o + (slot0 + rp.hi) * D_V + 256 * wg + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j + 2], o[4 * j + 3]};
+  }
+  if (wg == 0 && t == 0) {
+    if (rp.v_lo) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + rp.lo)) = F32x2{rp.m_lo, rp.L_lo};
+    if (rp.v_hi) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + rp.hi)) = F32x2{rp.m_hi, rp.L_hi};
+  }
+}
+
+// Split-KV ticket, after this CTA wrote its partial: every thread's partial stores precede thread 0's
+// release (the acq_rel ticket on counters[unit]) through the first sync(); the last CTA's acquire plus
+// the second sync() order its L2-only loads after them. True in the CTA that draws ticket S - 1 (it
+// merges, then resets the counter to 0). `s_ticket`: 4 bytes of shared memory; sync(): a barrier
+// over the CTA's threads that hold partial rows.
+template <class Sync>
+GQADRV_DEVICE bool last_to_arrive(const MlaDecodeArgs& a, long long unit, u32* s_ticket, int S, int tid, Sync sync) {
+  sync();
+  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + unit, 1u);
+  sync();
+  return *s_ticket == (u32)(S - 1);
+}
+
 // ------------------------------------------------------------------------- split-KV merge
 // The last of the S CTAs of one (request, KV head, row block) merges the S partials of its `rows`
-// valid rows: ws_o / ws_ml row index (unit * S + split) * BM + r (unit = (b * h_kv + kvh) * nmb + mb).
+// valid rows (ws_o / ws_ml row index (unit * S + split) * BM + r, unit = (b * h_kv + kvh) * nmb + mb),
+// then resets counters[unit] to 0.
 // Partial maxima are finite (>= M_INIT) and empty partials carry l = 0, O = 0. `wts` is a
-// [BM][S] fp32 scratch in shared memory (generic pointer), `sync()` a barrier over the NT threads.
-template <int BM, int NT, int DT, class Sync>
-GQADRV_DEVICE void merge_partials(const MlaDecodeArgs& a, float* wts, long long unit, int S, int b, int kvh,
-                                  int row0, int rows, int tid, Sync sync) {
+// [BM][S] fp32 scratch in shared memory (generic pointer), `sync()` a barrier over the NT threads;
+// out_row(r) / lse_at(r): the out row / lse element of the block's row r; mmax0: the start of the
+// max over the partial maxima (any value <= M_INIT gives the same result; dense_decode.cu passes
+// -inf, which keeps its SASS as measured).
+template <int BM, int NT, int DT, class OutRow, class LseAt, class Sync>
+GQADRV_DEVICE void merge_partials_to(const MlaDecodeArgs& a, float* wts, long long unit, int S, int rows, int tid,
+                                     OutRow out_row, LseAt lse_at, Sync sync, float mmax0) {
   const long long part0 = unit * S * BM;  // partial row index of (split 0, row 0)
   if (tid < rows) {
     const float* ml = a.ws_ml + 2 * (part0 + tid);
-    float mmax = M_INIT;
+    float mmax = mmax0;
     for (int sp = 0; sp < S; ++sp) {
       float m, l;
       ld_cg_f32x2(ml + 2LL * BM * sp, m, l);
@@ -113,7 +213,7 @@ GQADRV_DEVICE void merge_partials(const MlaDecodeArgs& a, float* wts, long long 
     }
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int sp = 0; sp < S; ++sp) wts[tid * S + sp] *= inv;
-    *lse_ptr(a, b, kvh, row0 + tid) = L > 0.f ? (fast_log2(L) + mmax) * LN2 : pos_inf();
+    *lse_at(tid) = L > 0.f ? (fast_log2(L) + mmax) * LN2 : pos_inf();
   }
   sync();
   for (int item = tid; item < rows * (D_V / 8); item += NT) {
@@ -136,8 +236,17 @@ GQADRV_DEVICE void merge_partials(const MlaDecodeArgs& a, float* wts, long long 
     pk.y = pack2<DT>(acc[2], acc[3]);
     pk.z = pack2<DT>(acc[4], acc[5]);
     pk.w = pack2<DT>(acc[6], acc[7]);
-    *reinterpret_cast<U32x4*>(out_row_ptr(a, b, kvh, row0 + r) + c) = pk;
+    *reinterpret_cast<U32x4*>(out_row(r) + c) = pk;
   }
+  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);  // the next launch / graph replay needs no memset
+}
+// The same for a block whose rows start at packed row row0 of (request b, KV head kvh).
+template <int BM, int NT, int DT, class Sync>
+GQADRV_DEVICE void merge_partials(const MlaDecodeArgs& a, float* wts, long long unit, int S, int b, int kvh,
+                                  int row0, int rows, int tid, Sync sync) {
+  merge_partials_to<BM, NT, DT>(
+      a, wts, unit, S, rows, tid, [&](int r) { return out_row_ptr(a, b, kvh, row0 + r); },
+      [&](int r) { return lse_ptr(a, b, kvh, row0 + r); }, sync, M_INIT);
 }
 
 }  // namespace mla

@@ -1,5 +1,6 @@
-// gqadrv — MLA-private synchronisation helpers (sm_90): named barriers, mbarrier waits with an
-// optional watchdog, cp.async completion tracked by an mbarrier, small shared-memory stores.
+// gqadrv — MLA-private synchronisation helpers (sm_90): mbarrier waits with an optional watchdog,
+// cp.async completion tracked by an mbarrier, small shared-memory stores. Named barriers
+// (named_bar_sync / named_bar_arrive) are op-neutral: kernels/common/ptx.cuh.
 //
 // Watchdog: with MLA_WATCHDOG=1 every mbarrier wait that has not completed after
 // MLA_WATCHDOG_NS nanoseconds (%globaltimer) executes `trap`, so a protocol bug surfaces as a
@@ -16,16 +17,6 @@
 #endif
 
 namespace mla {
-
-// ------------------------------------------------------------------------- named barriers
-// bar.sync / bar.arrive on hardware barrier `id` (1..15; 0 is __syncthreads) expecting `count`
-// threads (a multiple of 32). Producer/consumer hand-offs: one side arrives, the other syncs.
-GQADRV_DEVICE void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-GQADRV_DEVICE void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 
 // ------------------------------------------------------------------------- mbarrier
 GQADRV_DEVICE u64 global_timer_ns() {

@@ -46,14 +46,14 @@
 //           to 0 (next launch / graph replay needs no memset).
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
+#include "../common/decode_util.cuh"
 #include "../common/mma_sync.cuh"
 #if MLA_MMA
-#include "../common/wgmma.cuh"
+#include "../common/wgmma_ops.cuh"
 #endif
 
 namespace mla {
 constexpr int DT = MLA_DT;
-constexpr int NCB = MLA_D_QK / 64;        // 9 channel blocks of 64 channels (128 bytes)
 constexpr u32 CB_BYTES = 64u * 128u;      // one channel block of a 64-row tile
 constexpr u32 TILE_BYTES = NCB * CB_BYTES;  // 73728
 constexpr u32 OFF_Q = 0;
@@ -66,34 +66,6 @@ constexpr u32 SMEM_USED = OFF_TICKET + 16;
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the smem map (+1 KB alignment slack)");
 static_assert(64u * MLA_MAX_SPLITS * 4u <= 2u * TILE_BYTES, "merge weights must fit in the K ring");
 static_assert(MLA_THREADS == 256 && MLA_BLOCK_M == 64 && MLA_BLOCK_N == 64, "tiling is fixed");
-
-constexpr float MASKED = -1e33f;  // masked logit (log2 domain)
-constexpr float M_INIT = -1e30f;  // running max before any key; exp2(MASKED - M_INIT) == 0
-constexpr float LN2 = 0.69314718055994530942f;
-
-// Byte offset of 16-byte unit `unit` (0..7) of row `row` inside a 128B-swizzled block of 128-byte rows.
-GQADRV_DEVICE u32 swz(int row, int unit) { return (u32)(row * 128 + ((unit ^ (row & 7)) << 4)); }
-
-// floor(n * s / S) without 64-bit division (r * s < S * S <= MLA_MAX_SPLITS^2 fits 32 bits).
-GQADRV_DEVICE int split_point(int n, int s, int S) {
-  const int q = n / S, r = n - q * S;
-  return q * s + (r * s) / S;
-}
-
-GQADRV_DEVICE float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-GQADRV_DEVICE float pos_inf() { return __int_as_float(0x7f800000); }
-GQADRV_DEVICE u32 dynamic_smem_size() {
-  u32 r;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
-}
-GQADRV_DEVICE void st_shared_u32(u32 addr, u32 v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
 
 // This thread's share of one 64-row x 576-channel tile: row tid / 4, 16-byte chunks (tid % 4) + 4i,
 // i < 18, into the swizzled layout at `tile`. src == nullptr zero-fills the row (src-size 0: no
@@ -135,7 +107,7 @@ GQADRV_DEVICE void gemm_qk(float (&s)[16], u32 q_base, u32 k_tile, int wg, int /
 #pragma unroll
   for (int ks = 0; ks < NCB * 4; ++ks) {
     const u64 off = (u64)(((u32)(ks >> 2) * CB_BYTES + (u32)(ks & 3) * 32u) >> 4);
-    wgmma_m64n32k16_ss<DT, 0>(s, dq + off, dk + off, ks > 0 ? 1 : 0);
+    wgmma_m64n32k16_ss<DT, 0, 0>(s, dq + off, dk + off, ks > 0 ? 1 : 0);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -151,7 +123,7 @@ GQADRV_DEVICE void gemm_pv(float (&o)[128], u32 p_base, u32 k_tile, int wg, int 
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_ss<DT, 1>(o, dp + (u64)((kk * 32) >> 4), dv + (u64)((kk * 16 * 128) >> 4), 1);
+    wgmma_m64n256k16_ss<DT, 0, 1>(o, dp + (u64)((kk * 32) >> 4), dv + (u64)((kk * 16 * 128) >> 4), 1);
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(o);
@@ -213,15 +185,9 @@ GQADRV_DEVICE void gemm_pv(float (&o)[128], u32 p_base, u32 k_tile, int wg, int 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     mla_dense_decode(const __grid_constant__ MlaDecodeArgs a) {
   using namespace mla;
-  // Declared 16-byte aligned only, so that the round-up below is computed at run time and never
-  // folded away on an alignment promise: the 128B swizzle needs 1 KB-aligned blocks.
-  extern __shared__ __align__(16) u8 smem_raw[];
-  const u32 raw = smem_u32(smem_raw);
-  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
-  u8* smem = smem_raw + pad;
-  const u32 sb = raw + pad;
   const int tid = threadIdx.x;
-  if (tid == 0 && pad + SMEM_USED > dynamic_smem_size()) __trap();
+  u8* smem;
+  const u32 sb = aligned_dynamic_smem(smem, SMEM_USED, tid);  // base rounded up to 1 KB
 
   const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
   const int nmb = a.num_m_blocks, S = a.num_splits;
@@ -230,11 +196,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
   const int M = a.m_rows, row0 = mb * MLA_BLOCK_M, group = a.group;
 
   pdl_wait();  // no-op unless launched with programmatic stream serialization
-  int len = a.cache_seqlens[b];
-  {
-    const long long cap = (long long)a.max_blocks * a.page_size;
-    len = len < 0 ? 0 : ((long long)len > cap ? (int)cap : len);
-  }
+  const int len = clamped_len(a, b);
   const int ntiles = (len + MLA_BLOCK_N - 1) / MLA_BLOCK_N;
   const int t_beg = split_point(ntiles, split, S), t_end = split_point(ntiles, split + 1, S);
 
@@ -327,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
       // P tile: columns 32wg + 8j + 2t (+1) = 16-byte unit 4wg + j, bytes 4t .. 4t+3
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        st_shared_u32(sb + OFF_P + swz(r_lo, 4 * wg + j) + 4u * t, pack2<DT>(s[4 * j], s[4 * j + 1]));
-        st_shared_u32(sb + OFF_P + swz(r_hi, 4 * wg + j) + 4u * t, pack2<DT>(s[4 * j + 2], s[4 * j + 3]));
+        sts_u32(sb + OFF_P + swz(r_lo, 4 * wg + j) + 4u * t, pack2<DT>(s[4 * j], s[4 * j + 1]));
+        sts_u32(sb + OFF_P + swz(r_hi, 4 * wg + j) + 4u * t, pack2<DT>(s[4 * j + 2], s[4 * j + 3]));
       }
 #if MLA_MMA
       fence_proxy_async_smem();  // st.shared (generic) -> wgmma (async proxy)
@@ -347,18 +309,9 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
   pdl_launch_dependents();
 
   // Row sums: over the quad, then over the two warpgroups (both used the same running max).
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  float* lsum = reinterpret_cast<float*>(smem + OFF_LSUM);
-  if (t == 0) {
-    lsum[wg * 64 + r_lo] = l_lo;
-    lsum[wg * 64 + r_hi] = l_hi;
-  }
-  __syncthreads();
-  const float L_lo = lsum[r_lo] + lsum[64 + r_lo];
-  const float L_hi = lsum[r_hi] + lsum[64 + r_hi];
+  float L_lo, L_hi;
+  sum_rows_2wg(reinterpret_cast<float*>(smem + OFF_LSUM), l_lo, l_hi, r_lo, r_hi, wg, t, [] { __syncthreads(); }, L_lo,
+               L_hi);
 
   const bool v_lo = row0 + r_lo < M, v_hi = row0 + r_hi < M;
   // out row / lse element of packed row r (valid rows only)
@@ -371,98 +324,20 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     return a.lse + ((long long)b * a.h_q + kvh * group + h) * a.s_q + s;
   };
 
+  const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
   if (S == 1) {
-    const float inv_lo = L_lo > 0.f ? 1.f / L_lo : 0.f, inv_hi = L_hi > 0.f ? 1.f / L_hi : 0.f;
-    if (v_lo) {
-      u16* dst = out_row(r_lo) + 256 * wg + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
-    }
-    if (v_hi) {
-      u16* dst = out_row(r_hi) + 256 * wg + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
-    }
-    if (wg == 0 && t == 0) {
-      if (v_lo) *lse_at(r_lo) = L_lo > 0.f ? (fast_log2(L_lo) + m_lo) * LN2 : pos_inf();
-      if (v_hi) *lse_at(r_hi) = L_hi > 0.f ? (fast_log2(L_hi) + m_hi) * LN2 : pos_inf();
-    }
+    store_out_rows<DT>(o, rp, wg, t, out_row, lse_at);
     return;
   }
 
   // ---- split > 1: this split's partial (written even when empty), then the ticket
   const long long bhm = ((long long)b * a.h_kv + kvh) * nmb + mb;
-  const long long slot0 = (bhm * S + split) * MLA_BLOCK_M;  // partial row index of row 0
-  if (v_lo) {
-    float* dst = a.ws_o + (slot0 + r_lo) * MLA_D_V + 256 * wg + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j], o[4 * j + 1]};
-  }
-  if (v_hi) {
-    float* dst = a.ws_o + (slot0 + r_hi) * MLA_D_V + 256 * wg + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j + 2], o[4 * j + 3]};
-  }
-  if (wg == 0 && t == 0) {
-    if (v_lo) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_lo)) = F32x2{m_lo, L_lo};
-    if (v_hi) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_hi)) = F32x2{m_hi, L_hi};
-  }
-  // Every thread's partial stores precede thread 0's release (the acq_rel ticket) through the
-  // barrier; the last CTA's acquire plus the second barrier order its L2-only loads after them.
-  __syncthreads();
-  u32* s_ticket = reinterpret_cast<u32*>(smem + OFF_TICKET);
-  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + bhm, 1u);
-  __syncthreads();
-  if (*s_ticket != (u32)(S - 1)) return;
+  store_partial_rows(a, o, rp, (bhm * S + split) * MLA_BLOCK_M, wg, t);
+  if (!last_to_arrive(a, bhm, reinterpret_cast<u32*>(smem + OFF_TICKET), S, tid, [] { __syncthreads(); }))
+    return;
 
   // ---- last CTA: merge the S partials of the valid rows
   const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
-  float* wts = reinterpret_cast<float*>(smem + OFF_K);  // [64][S], weights already divided by L
-  const long long part0 = bhm * S * MLA_BLOCK_M;        // partial row index of (split 0, row 0)
-  if (tid < rows) {
-    const float* ml = a.ws_ml + 2 * (part0 + tid);
-    float mmax = neg_inf();
-    for (int sp = 0; sp < S; ++sp) {
-      float m, l;
-      ld_cg_f32x2(ml + 2LL * MLA_BLOCK_M * sp, m, l);
-      mmax = fmaxf(mmax, m);
-    }
-    float L = 0.f;
-    for (int sp = 0; sp < S; ++sp) {
-      float m, l;
-      ld_cg_f32x2(ml + 2LL * MLA_BLOCK_M * sp, m, l);
-      const float w = fast_exp2(m - mmax);  // partial maxima are finite (>= -1e30)
-      L += w * l;
-      wts[tid * S + sp] = w;
-    }
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    for (int sp = 0; sp < S; ++sp) wts[tid * S + sp] *= inv;
-    *lse_at(tid) = L > 0.f ? (fast_log2(L) + mmax) * LN2 : pos_inf();
-  }
-  __syncthreads();
-  for (int item = tid; item < rows * (MLA_D_V / 8); item += MLA_THREADS) {
-    const int r = item >> 6, c = (item & 63) * 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const float* src = a.ws_o + (part0 + r) * MLA_D_V + c;
-    const float* wr = wts + r * S;
-#pragma unroll 4
-    for (int sp = 0; sp < S; ++sp) {
-      const float w = wr[sp];
-      float v[8];
-      const float* p = src + (long long)sp * MLA_BLOCK_M * MLA_D_V;
-      ld_cg_f32x4(p, v[0], v[1], v[2], v[3]);
-      ld_cg_f32x4(p + 4, v[4], v[5], v[6], v[7]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
-    }
-    U32x4 pk;
-    pk.x = pack2<DT>(acc[0], acc[1]);
-    pk.y = pack2<DT>(acc[2], acc[3]);
-    pk.z = pack2<DT>(acc[4], acc[5]);
-    pk.w = pack2<DT>(acc[6], acc[7]);
-    *reinterpret_cast<U32x4*>(out_row(r) + c) = pk;
-  }
-  if (tid == 0) store_relaxed_gpu(a.counters + bhm, 0u);
+  merge_partials_to<MLA_BLOCK_M, MLA_THREADS, DT>(a, reinterpret_cast<float*>(smem + OFF_K), bhm, S, rows, tid, out_row,
+                                                 lse_at, [] { __syncthreads(); }, neg_inf());
 }

@@ -91,11 +91,11 @@ GQADRV_DEVICE u16 half_bits(float x) {
 // m64nNQk16 SS, picked by the accumulator array size (8: N = 16, 16: N = 32).
 template <int TA, int TB>
 GQADRV_DEVICE void wgmma_nq(float (&d)[8], u64 da, u64 db, int scale_d) {
-  wgmma_m64n16k16_ss_t<DT, TA, TB>(d, da, db, scale_d);
+  wgmma_m64n16k16_ss<DT, TA, TB>(d, da, db, scale_d);
 }
 template <int TA, int TB>
 GQADRV_DEVICE void wgmma_nq(float (&d)[16], u64 da, u64 db, int scale_d) {
-  wgmma_m64n32k16_ss_t<DT, TA, TB>(d, da, db, scale_d);
+  wgmma_m64n32k16_ss<DT, TA, TB>(d, da, db, scale_d);
 }
 
 // S^T += K(piece)[64 x 64 ch] Q(cb)^T: 4 k16 steps (issue only), alternating between two partial
@@ -125,13 +125,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     mla_dense_decode_narrow(const __grid_constant__ MlaDecodeArgs a) {
   using namespace mla;
   using namespace mla::narrow;
-  extern __shared__ __align__(16) u8 smem_raw[];
-  const u32 raw = smem_u32(smem_raw);
-  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
-  u8* smem = smem_raw + pad;
-  const u32 sb = raw + pad;
   const int tid = threadIdx.x;
-  if (tid == 0 && pad + SMEM_USED > dynamic_smem_size()) __trap();
+  u8* smem;
+  const u32 sb = aligned_dynamic_smem(smem, SMEM_USED, tid);  // base rounded up to 1 KB
 
   const int lane = tid & 31, warp = tid >> 5;
   const int nmb = a.num_m_blocks, S = a.num_splits;
@@ -450,12 +446,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     *reinterpret_cast<F32x2*>(dst) = F32x2{v0, v1};
     *reinterpret_cast<F32x2*>(dst + 2) = F32x2{v2, v3};
   }
-  named_bar_sync(BAR_C, 128);  // every partial store precedes thread 0's release (acq_rel ticket)
-  u32* s_ticket = reinterpret_cast<u32*>(smem + OFF_TICKET);
-  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + unit, 1u);
-  named_bar_sync(BAR_C, 128);
-  if (*s_ticket != (u32)(S - 1)) return;
+  if (!last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), S, tid,
+                      [] { named_bar_sync(BAR_C, 128); }))
+    return;
   merge_partials<NQ, 128, DT>(a, reinterpret_cast<float*>(smem + OFF_RING), unit, S, b, kvh, row0, rows, tid,
                               [] { named_bar_sync(BAR_C, 128); });
-  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);
 }

@@ -146,7 +146,7 @@ GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool 
   const u64 dk = wgmma_desc_sw128(k_slot + (u32)c * CB, 16, 1024);
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    wgmma_m64n64k16_ss_t<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+    wgmma_m64n64k16_ss<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
 }
 
 // Wait for cb c of `slot` (parity ph), make it visible to the async proxy, issue its 4 QK steps and
@@ -173,7 +173,7 @@ GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
   const u64 dp = wgmma_desc_sw128(p_base, 16, 1024);
   const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_t<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
 }
 
 // Scale the logits of one tile (and mask keys >= the row limits when the tile reaches past lim_min),
@@ -255,6 +255,18 @@ GQADRV_DEVICE void scale_o(float (&o)[128], float f_lo, float f_hi) {
     o[4 * j + 3] *= f_hi;
   }
 }
+// Publish the new running maxima of rows r_lo / r_hi (sM) and their rescale factors (sSc) from lane
+// t == 0 of each quad, once every lane of the warp has read the old sM values.
+GQADRV_DEVICE void publish_max(float* sM, float* sSc, int r_lo, int r_hi, int t, float m_lo, float m_hi, float a_lo,
+                               float a_hi) {
+  __syncwarp();
+  if (t == 0) {
+    sM[r_lo] = m_lo;
+    sM[r_hi] = m_hi;
+    sSc[r_lo] = a_lo;
+    sSc[r_hi] = a_hi;
+  }
+}
 GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
@@ -267,13 +279,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     mla_dense_decode_seesaw(const __grid_constant__ MlaDecodeArgs a) {
   using namespace mla;
   using namespace mla::seesaw;
-  extern __shared__ __align__(16) u8 smem_raw[];
-  const u32 raw = smem_u32(smem_raw);
-  const u32 pad = (1024u - (raw & 1023u)) & 1023u;
-  u8* smem = smem_raw + pad;
-  const u32 sb = raw + pad;
   const int tid = threadIdx.x;
-  if (tid == 0 && pad + SMEM_USED > dynamic_smem_size()) __trap();
+  u8* smem;
+  const u32 sb = aligned_dynamic_smem(smem, SMEM_USED, tid);  // base rounded up to 1 KB
 
   const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
   const int nmb = a.num_m_blocks, S = a.num_splits;
@@ -406,13 +414,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
         const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
-        __syncwarp();
-        if (t == 0) {
-          sM[r_lo] = mn_lo;
-          sM[r_hi] = mn_hi;
-          sSc0[r_lo] = a0_lo;
-          sSc0[r_hi] = a0_hi;
-        }
+        publish_max(sM, sSc0, r_lo, r_hi, t, mn_lo, mn_hi, a0_lo, a0_hi);
         float sum_lo, sum_hi;
         exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
         l_lo = l_lo * a0_lo + sum_lo;
@@ -475,13 +477,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
         const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
         const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
-        __syncwarp();
-        if (t == 0) {
-          sM[r_lo] = mn_lo;
-          sM[r_hi] = mn_hi;
-          sSc1[r_lo] = a1_lo;
-          sSc1[r_hi] = a1_hi;
-        }
+        publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
         named_bar_arrive(BAR_SCALE1, 256);
         float sum_lo, sum_hi;
         exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
@@ -530,67 +526,27 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   pdl_launch_dependents();
 
   // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM)
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  float* lsum = reinterpret_cast<float*>(smem + OFF_LSUM);
-  if (t == 0) {
-    lsum[wg * 64 + r_lo] = l_lo;
-    lsum[wg * 64 + r_hi] = l_hi;
-  }
-  named_bar_sync(BAR_EPI, 256);
-  const float L_lo = lsum[r_lo] + lsum[64 + r_lo];
-  const float L_hi = lsum[r_hi] + lsum[64 + r_hi];
+  float L_lo, L_hi;
+  sum_rows_2wg(reinterpret_cast<float*>(smem + OFF_LSUM), l_lo, l_hi, r_lo, r_hi, wg, t,
+               [] { named_bar_sync(BAR_EPI, 256); }, L_lo, L_hi);
   const float m_lo = sM[r_lo], m_hi = sM[r_hi];
   const bool v_lo = row0 + r_lo < M, v_hi = row0 + r_hi < M;
 
+  const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
   if (S == 1) {
-    const float inv_lo = L_lo > 0.f ? 1.f / L_lo : 0.f, inv_hi = L_hi > 0.f ? 1.f / L_hi : 0.f;
-    if (v_lo) {
-      u16* dst = out_row_ptr(a, b, kvh, row0 + r_lo) + 256 * wg + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
-    }
-    if (v_hi) {
-      u16* dst = out_row_ptr(a, b, kvh, row0 + r_hi) + 256 * wg + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
-    }
-    if (wg == 0 && t == 0) {
-      if (v_lo) *lse_ptr(a, b, kvh, row0 + r_lo) = L_lo > 0.f ? (fast_log2(L_lo) + m_lo) * LN2 : pos_inf();
-      if (v_hi) *lse_ptr(a, b, kvh, row0 + r_hi) = L_hi > 0.f ? (fast_log2(L_hi) + m_hi) * LN2 : pos_inf();
-    }
+    store_out_rows<DT>(o, rp, wg, t, [&](int r) { return out_row_ptr(a, b, kvh, row0 + r); },
+                       [&](int r) { return lse_ptr(a, b, kvh, row0 + r); });
     return;
   }
 
   // ---- split > 1: this split's partial (written even when empty), then the ticket
   const long long unit = ((long long)b * a.h_kv + kvh) * nmb + mb;
-  const long long slot0 = (unit * S + split) * MLA_BLOCK_M;
-  if (v_lo) {
-    float* dst = a.ws_o + (slot0 + r_lo) * MLA_D_V + 256 * wg + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j], o[4 * j + 1]};
-  }
-  if (v_hi) {
-    float* dst = a.ws_o + (slot0 + r_hi) * MLA_D_V + 256 * wg + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j + 2], o[4 * j + 3]};
-  }
-  if (wg == 0 && t == 0) {
-    if (v_lo) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_lo)) = F32x2{m_lo, L_lo};
-    if (v_hi) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + r_hi)) = F32x2{m_hi, L_hi};
-  }
-  named_bar_sync(BAR_EPI, 256);  // every partial store precedes thread 0's release (acq_rel ticket)
-  u32* s_ticket = reinterpret_cast<u32*>(smem + OFF_TICKET);
-  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + unit, 1u);
-  named_bar_sync(BAR_EPI, 256);
-  if (*s_ticket != (u32)(S - 1)) return;
+  store_partial_rows(a, o, rp, (unit * S + split) * MLA_BLOCK_M, wg, t);
+  if (!last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), S, tid,
+                      [] { named_bar_sync(BAR_EPI, 256); }))
+    return;
   const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
   merge_partials<MLA_BLOCK_M, 256, DT>(a, reinterpret_cast<float*>(smem + OFF_K0), unit, S, b, kvh, row0, rows, tid,
                                        [] { named_bar_sync(BAR_EPI, 256); });
-  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);
   }  // consumer warpgroups
 }
