@@ -887,9 +887,14 @@ class Runner:
         key = (variant, dt, bool(watchdog))
         if key in self.kernels:
             return self.kernels[key]
-        kv = ks.kernel(variant)
+        base, _, extra = variant.partition(":")
+        kv = ks.kernel(base)
         t0 = time.perf_counter()
-        mod = self.compile_module(kv.source, "sm_90a", kv.defines(dt, watchdog=watchdog))
+        defs = kv.defines(dt, watchdog=watchdog)
+        for kvp in filter(None, extra.split(",")):
+            name, _, val = kvp.partition("=")
+            defs[name] = int(val or 1)
+        mod = self.compile_module(kv.source, "sm_90a", defs)
         res = mod.resources.get(kv.entry)
         k = self.load_library(mod.cubin, f"mla-{variant}-{dt}-{int(watchdog)}").kernel(kv.entry, 0)
         k.ensure_dynamic_smem(kv.smem_bytes)
@@ -1143,7 +1148,7 @@ def _fill_random_bits(cp, flat, dtype, seed):
 
 def _timing_eligible(variant, m_rows):
     """Variants worth timing at M packed rows: narrow kernels only up to two row blocks."""
-    bm = ks.kernel(variant).block_m
+    bm = ks.kernel(variant.split(":")[0]).block_m
     return not variant.startswith("narrow") or m_rows <= 2 * bm
 
 
@@ -1184,9 +1189,14 @@ def timing(R, variants, dtype="bfloat16", shapes=None, all_variants=False):
         for variant in variants:
             if not all_variants and not _timing_eligible(variant, m_rows):
                 continue
-            S = ks.choose_num_splits(b, s_q, h_q, h_kv, L, R.info.sm_count, variant=variant)
-            grid, block, smem = ks.launch_geometry(b, s_q, h_q, h_kv, S, variant)
-            ws = ks.workspace_sizes(b, s_q, h_q, h_kv, S, variant)
+            kvar = variant.split(":")[0]
+            if ks.kernel(kvar).tma:
+                print(f"  {variant}: TMA variant (two tensor-map parameters) is timed by `python -m gqadrv bench --op mla`, "
+                      "not here", flush=True)
+                continue
+            S = ks.choose_num_splits(b, s_q, h_q, h_kv, L, R.info.sm_count, variant=kvar)
+            grid, block, smem = ks.launch_geometry(b, s_q, h_q, h_kv, S, kvar)
+            ws = ks.workspace_sizes(b, s_q, h_q, h_kv, S, kvar)
             ws_o = cp.empty(max(ws["ws_o"] // 4, 1), cp.float32)
             ws_ml = cp.empty(max(ws["ws_ml"] // 4, 1), cp.float32)
             counters = cp.zeros(max(ws["counters"] // 4, 1), cp.uint32)
@@ -1197,7 +1207,7 @@ def timing(R, variants, dtype="bfloat16", shapes=None, all_variants=False):
                 k_stride_block=page * h_kv * 576, k_stride_tok=h_kv * 576, k_stride_head=576,
                 o_stride_b=s_q * h_q * 512, o_stride_s=h_q * 512, o_stride_h=512, bt_stride=npg,
                 b=b, s_q=s_q, h_q=h_q, h_kv=h_kv, group=group, m_rows=m_rows,
-                num_m_blocks=ks.num_m_blocks(s_q, h_q, h_kv, variant), page_size=page, page_shift=ks.page_shift(page),
+                num_m_blocks=ks.num_m_blocks(s_q, h_q, h_kv, kvar), page_size=page, page_shift=ks.page_shift(page),
                 max_blocks=npg, num_splits=S, flags=0, scale_log2=ks.scale_log2(None))
             plan = R.launch(variant, dtype, grid, block, smem, packed, watchdog=False)  # warm-up + error check
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -1250,7 +1260,8 @@ def cpu_models() -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=["seesaw", "narrow16", "narrow32", "wgmma", "mma"],
-                    choices=sorted(ks.KERNELS))
+                    help="variants (seesaw, narrow16, narrow32, wgmma, mma); 'name:DEF=1,DEF2' adds compile-time defines "
+                         "(timing experiments)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
     ap.add_argument("--layout-only", action="store_true", help="run the CPU layout / protocol models only")
     ap.add_argument("--no-timing", action="store_true")

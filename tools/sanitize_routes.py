@@ -1,5 +1,5 @@
 """Run every GQA route once on small shapes (plus the runtime proof kernel) and check the results;
-meant to be run under compute-sanitizer:
+meant to be run under compute-sanitizer (``--mla-only``: the MLA routes alone):
 
     for t in memcheck racecheck synccheck initcheck; do
         compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 python tools/sanitize_routes.py
@@ -8,7 +8,7 @@ meant to be run under compute-sanitizer:
  ones an older driver lacks would otherwise be listed as API errors; device errors are unaffected.)
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
-0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw, narrow16, wgmma and mma.sync, 1 and 3 splits,
+0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
 causal, NaN-poisoned pages and block-table entries). Exit code 0 when every result matches the oracle.
 """
 
@@ -31,6 +31,8 @@ def main() -> int:
     bad = 0
     runs = [("short", None, 48, 1), ("tma", None, 300, 1), ("tma-split", None, 300, 3),
             ("portable", "portable", 300, 1), ("portable-split", "portable", 300, 3)]
+    if "--mla-only" in sys.argv[1:]:
+        return 1 if _mla_routes(cp, gqadrv, rng) else 0
     for name, backend, C, splits in runs:
         B, Hq, Hkv, D = 4, 8, 2, 128
         q = rng.standard_normal((B, Hq, D)).astype(np.float16)
@@ -71,7 +73,8 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     from gqadrv.mla.selftest import make_case
 
     bad = 0
-    for backend, splits, s_q, page in (("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
+    for backend, splits, s_q, page in (("seesaw_tma", 1, 1, 64), ("seesaw_tma", 3, 2, 128), ("seesaw_tma", 2, 1, 256),
+                                       ("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
@@ -80,7 +83,7 @@ def _mla_routes(cp, gqadrv, rng) -> int:
         err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
-        print(f"mla {backend:6s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+        print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
     return bad
 
 

@@ -148,7 +148,8 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
-    ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'narrow16', 'narrow32', 'wgmma', 'mma').
+    ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'seesaw_tma', 'narrow16', 'narrow32', 'wgmma',
+    'mma').
     The sparse / FP8 arguments are FlashMLA's; anything but None/False raises ``FeatureError``.
     """
     _check_dense_only(is_fp8_kvcache, dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
@@ -166,7 +167,8 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
                                             variant.family.name)
     fields = _plan.args_fields(problem, variant, o_strides, o_ptr, l_ptr, ws, splits)
-    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, (fields,), problem.device)
+    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
+                  _plan.param_values(problem, variant, fields), problem.device)
     o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return o, lo
 

@@ -4,10 +4,12 @@ parses the header and compares names and offsets."""
 
 from __future__ import annotations
 
-from ..runtime.module import NamedStruct, Signature
+from ..runtime.module import TMAP, NamedStruct, Signature
 from . import kernel_spec as _ks
 
-__all__ = ["MLA_ARGS", "SIG"]
+__all__ = ["MLA_ARGS", "SIG", "SIG_TMA"]
 
 MLA_ARGS = NamedStruct("MlaDecodeArgs", *_ks.FIELDS)
 SIG = Signature(("args", MLA_ARGS))
+# the TMA seesaw: the two CUtensorMaps of k_cache (channel blocks 0..3 / 4..8) first
+SIG_TMA = Signature(("k_lo", TMAP), ("k_hi", TMAP), ("args", MLA_ARGS))

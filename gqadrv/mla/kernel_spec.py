@@ -19,6 +19,9 @@ Variants (all read the same arguments, write the same outputs and merge splits i
               the 512 output columns (FlashMLA-style seesaw schedule) and a producer warpgroup issuing
               cp.async into two 72 KB K slots (mbarriers, setmaxnreg 224 / 56). For M > 32 packed rows
               per KV head (compute-bound at h_q 64 / 128).
+  "seesaw_tma" the seesaw schedule with every K half tile loaded by one TMA from one producer thread
+              (no proxy fences; rows past the split's end zeroed by the consumers); pages of 64..256 tokens
+              whose k_cache a CUtensorMap can describe (``tma_eligible``). The H200 default for those.
   "narrow16"  sm_90a, wgmma with the 64 tokens of a tile as M (S^T = K Q^T, O^T += V^T P^T); 16 rows
               per CTA, one consumer warpgroup + one producer warpgroup, a 25-piece (200 KB) cp.async ring.
               For M <= 16 (memory-bound, e.g. h_q 16 s_q 1).
@@ -134,6 +137,7 @@ class KernelVariant:
     arches: tuple           # targets it compiles for
     max_rows: int | None    # largest M = s_q * h_q / h_kv it is meant for (None: any)
     doc: str = ""
+    tma: bool = False       # takes (CUtensorMap k_map, MlaDecodeArgs): K tiles by TMA (tma_eligible pages)
 
     def defines(self, dtype: str, watchdog: bool = False) -> dict:
         d = {"MLA_DT": DTYPES[_dtype_name(dtype)], "MLA_SMEM_BYTES": self.smem_bytes, **dict(self.fixed_defines)}
@@ -147,6 +151,10 @@ KERNELS = {
     "seesaw": KernelVariant(
         "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
         (), ("sm_90a",), None, "two consumer warpgroups + a cp.async producer warpgroup, seesaw schedule; M > 32"),
+    "seesaw_tma": KernelVariant(
+        "seesaw_tma", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_tma", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_TMA_K", 1),), ("sm_90a",), None,
+        "the seesaw schedule with K half tiles by TMA from one producer thread; pages of 64..256 tokens", tma=True),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
@@ -228,6 +236,29 @@ def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
         return {"ws_o": 0, "ws_ml": 0, "counters": 4 * units}
     rows = units * num_splits * bm
     return {"ws_o": 4 * rows * D_V, "ws_ml": 8 * rows, "counters": 4 * units}
+
+
+NCB = D_QK // 64  # 64-channel blocks per 576-channel row
+TMA_MIN_PAGE = 64  # a 64-token tile must lie in one page (one box per half tile); smaller pages: cp.async
+
+
+def tma_eligible(page_size: int, k_ptr: int, k_strides: tuple, num_blocks: int) -> bool:
+    """Whether the TMA seesaw can describe k_cache [num_blocks, page, h_kv, 576] (strides in
+    elements, last dim contiguous): pages of 64..256 tokens, a 16-byte aligned base, every stride a
+    multiple of 16 bytes below 2^40, and page coordinates that fit TMA's signed 32-bit coordinates."""
+    return (page_size >= TMA_MIN_PAGE and k_ptr % 16 == 0
+            and all(0 < st and (st * 2) % 16 == 0 and st * 2 < 2**40 for st in k_strides)
+            and 1 <= num_blocks < 2**31)
+
+
+def k_tensor_maps(page_size: int, h_kv: int, num_blocks: int, k_strides: tuple) -> list[dict]:
+    """The two tensor maps of k_cache the TMA seesaw reads (k_lo, k_hi): 5-D (64 channels, page
+    tokens, 9 channel blocks, h_kv, num_blocks) innermost first, byte strides (token, 128 B, head,
+    page), boxes (64, 64, 4, 1, 1) and (64, 64, 5, 1, 1), 128-byte swizzle. One box is channel blocks
+    0..3 or 4..8 of a 64-token tile, laid out as the kernel's 64-row x 128 B swizzled blocks."""
+    dims = (64, page_size, NCB, h_kv, num_blocks)
+    strides = (k_strides[1] * 2, 128, k_strides[2] * 2, k_strides[0] * 2)
+    return [{"dims": dims, "strides": strides, "box": (64, 64, n, 1, 1)} for n in (4, 5)]
 
 
 def choose_variant(s_q: int, h_q: int, h_kv: int, arch: str = "sm_90a") -> str:

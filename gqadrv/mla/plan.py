@@ -12,14 +12,17 @@ from ..ops.registry import require_features
 from ..ops.workspace import Workspace
 from ..runtime import driver as _drv
 from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.tensormap import TmaSpec, encode_tiled
 from . import kernel_spec as _ks
 from . import routes as _routes
 from .contract import MlaProblem
 
-__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "route", "workspace_sizes"]
+__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "k_tensor_maps",
+           "param_values", "route", "tma_ok", "workspace_sizes"]
 
 WORKSPACE_ZERO = ("counters",)
 _routes_cache = BoundedMap(256)
+_tmaps = BoundedMap(512)
 
 
 def features_of(problem: MlaProblem) -> set[str]:
@@ -32,11 +35,38 @@ def features_of(problem: MlaProblem) -> set[str]:
     return f
 
 
+def tma_ok(problem: MlaProblem) -> bool:
+    """k_cache can be read by the TMA seesaw (kernel_spec.tma_eligible)."""
+    k = problem.k_cache
+    return _ks.tma_eligible(problem.page_size, k.ptr, tuple(k.strides[:3]), problem.num_blocks)
+
+
+def k_tensor_maps(problem: MlaProblem) -> tuple[bytes, bytes]:
+    """The two 128-byte CUtensorMaps (k_lo, k_hi) of k_cache for the TMA seesaw, encoded once per
+    (address, geometry)."""
+    k = problem.k_cache
+    key = (problem.device, k.ptr, problem.dtype, problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides))
+    hit = _tmaps.get(key)
+    if hit is None:
+        maps = _ks.k_tensor_maps(problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides[:3]))
+        hit = _tmaps.put(key, tuple(encode_tiled(TmaSpec(dtype=problem.dtype, address=k.ptr, dims=g["dims"],
+                                                         strides=g["strides"], box=g["box"], swizzle="128b"))
+                                    for g in maps))
+    return hit
+
+
+def param_values(problem: MlaProblem, variant: _routes.MlaVariant, fields: dict) -> tuple:
+    """The kernel's parameter values in signature order: (k_lo, k_hi, args) for TMA families, else (args,)."""
+    return (*k_tensor_maps(problem), fields) if variant.family.tma else (fields,)
+
+
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
-    key = (problem.device, problem.dtype, problem.m_rows, backend)
+    use_tma = tma_ok(problem)
+    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma)
     hit = _routes_cache.get(key)
     if hit is None:
-        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend)
+        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend,
+                                         use_tma)
         require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     elif problem.causal or problem.s_q > 1:
@@ -85,5 +115,5 @@ def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loade
     grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
                                             variant.family.name)
     fields = args_fields(problem, variant, out_strides, out_ptr, lse_ptr, ws, splits)
-    pack = ArgPack(variant.family.signature).pack(fields)
+    pack = ArgPack(variant.family.signature).pack(*param_values(problem, variant, fields))
     return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)

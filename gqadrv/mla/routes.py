@@ -1,8 +1,11 @@
 """The MLA route registry: kernel families (from ``kernel_spec``), variants, routing by compute
 capability, split counts. ``python -m gqadrv compile`` and the static tests read it.
 
-* ``seesaw`` (sm_90a): two consumer warpgroups and a cp.async producer warpgroup on FlashMLA's
-  seesaw schedule; the default on the H200 for every head count.
+* ``seesaw_tma`` (sm_90a): two consumer warpgroups on FlashMLA's seesaw schedule, K tiles by TMA
+  from one producer thread; the default on the H200 for every head count when k_cache is
+  TMA-describable (pages of 64..256 tokens, 16-byte aligned strides).
+* ``seesaw`` (sm_90a): the same schedule with a cp.async producer warpgroup; the default for pages
+  of 1..32 tokens or k_cache layouts a tensor map cannot describe.
 * ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows; only
   when forced (slower than seesaw on the H200 today, docs/MLA.md).
 * ``wgmma`` (sm_90a): the first kernel (no overlap between phases); only when forced.
@@ -18,7 +21,7 @@ import dataclasses
 from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
 from . import kernel_spec as _ks
-from .args import SIG
+from .args import SIG, SIG_TMA
 
 __all__ = ["BACKENDS", "FAMILIES", "MlaFamily", "MlaVariant", "backend_for_cc", "default_splits", "select_variant",
            "variants_for_arch"]
@@ -30,10 +33,12 @@ FEATURES = frozenset({"dense_kv", "paged_kv", "fp16", "bf16", "causal", "lse", "
 class MlaFamily(KernelFamily):
     block_m: int = 64             # packed query rows per CTA
     max_rows: int | None = None   # largest M = s_q * h_q / h_kv the kernel serves (None: any)
+    tma: bool = False             # first parameter is the CUtensorMap of k_cache (kernel_spec.tma_eligible)
 
 
 FAMILIES = {
-    name: MlaFamily(name, k.source, k.entry, k.arches, SIG, FEATURES, block_m=k.block_m, max_rows=k.max_rows)
+    name: MlaFamily(name, k.source, k.entry, k.arches, SIG_TMA if k.tma else SIG, FEATURES, block_m=k.block_m,
+                    max_rows=k.max_rows, tma=k.tma)
     for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)
@@ -76,12 +81,20 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
                        f"per block); this GPU has {cc[0]}.{cc[1]}")
 
 
-def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None) -> MlaVariant:
-    """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one."""
+def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None,
+                   tma_ok: bool = False) -> MlaVariant:
+    """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one.
+    ``tma_ok``: k_cache is TMA-describable (kernel_spec.tma_eligible), so the seesaw runs as
+    ``seesaw_tma`` unless the cp.async ``seesaw`` is forced."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
     name = native if forced in (None, "auto") else forced
+    if name == "seesaw" and forced in (None, "auto") and tma_ok:
+        name = "seesaw_tma"
     fam = FAMILIES[name]
+    if fam.tma and not tma_ok:
+        raise ValueError(f"MLA backend {name!r} needs a TMA-describable k_cache: pages of {_ks.TMA_MIN_PAGE}..256 "
+                         "tokens, a 16-byte aligned base and strides that are multiples of 16 bytes")
     arch = _ARCH[cc]
     if arch not in fam.arches:
         raise RuntimeError(f"MLA backend {name!r} is not built for {arch} (built for {', '.join(fam.arches)})")

@@ -4,8 +4,9 @@ Each case draws its axes from the issue's grid with co-prime strides, so every v
 appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 4}, h_q {1, 3, 16,
 63, 64, 128} x h_kv {1, 2}, lengths {0, 1, 63, 64, 65, 4096, ragged}, page {1, 16, 32, 64, 128, 256},
 causal on/off, bf16/fp16, splits auto / 1 / 7, and the backends in turn: the default route
-(seesaw on the H200), mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q /
-h_kv fits them.
+(on the H200 seesaw_tma for pages >= 64, the cp.async seesaw for smaller pages), the cp.async seesaw
+forced, mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q / h_kv fits
+them.
 Inputs are made non-contiguous (q, k_cache and block_table are slices of wider arrays).
 """
 
@@ -62,7 +63,7 @@ def grid() -> list[MlaCase]:
         if b == 128 and h_q > 16:
             h_q, h_kv = 16, 1
         s_q = S_QS[(i // 4) % 3]
-        backend = (None, "mma", "wgmma", "narrow")[i % 4]
+        backend = (None, "seesaw", "mma", "wgmma", "narrow")[i % 5]
         if backend == "narrow":
             m = s_q * (h_q // h_kv)
             backend = "narrow16" if m <= 16 else ("narrow32" if m <= 32 else None)

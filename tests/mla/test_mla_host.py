@@ -128,4 +128,6 @@ def test_grid_covers_the_axes():
     assert {c.page for c in cases} == {1, 16, 32, 64, 128, 256} and {c.causal for c in cases} == {True, False}
     assert {c.lengths for c in cases} == {"0", "1", "63", "64", "65", "4096", "ragged"}
     assert {c.dtype for c in cases} == {"bfloat16", "float16"}
-    assert {c.backend for c in cases} == {None, "mma", "wgmma", "narrow16", "narrow32"}
+    assert {c.backend for c in cases} == {None, "seesaw", "mma", "wgmma", "narrow16", "narrow32"}
+    # the default route on the H200 is seesaw_tma for pages >= 64 and the cp.async seesaw below
+    assert {c.page for c in cases if c.backend is None} == {1, 16, 32, 64, 128, 256}

@@ -75,6 +75,9 @@ GQADRV_DEVICE void cp_async_mbar_arrive_noinc(u32 bar) {
 GQADRV_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ------------------------------------------------------------------------- shared memory
+GQADRV_DEVICE void sts_zero16(u32 addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+}
 GQADRV_DEVICE void sts_u32(u32 addr, u32 v) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory"); }
 GQADRV_DEVICE void sts_u16(u32 addr, u16 v) { asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory"); }
 GQADRV_DEVICE void sts_f32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory"); }

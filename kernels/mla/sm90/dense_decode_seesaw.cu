@@ -43,6 +43,25 @@
 //           and completes each block on full[slot][cb] with cp.async.mbarrier.arrive.noinc (count 128).
 //           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
 //           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
+// TMA mode (MLA_TMA_K=1, entry mla_dense_decode_seesaw_tma, parameters (k_lo, k_hi, args): two
+//           CUtensorMaps of k_cache as 5-D (64 channels, page tokens, 9 channel blocks, h_kv,
+//           num_blocks) with strides (token, 128 B, head, page) and boxes (64, 64, 4 | 5, 1, 1), 128B
+//           swizzle, so that one TMA writes channel blocks 0..3 (k_lo) or 4..8 (k_hi, block
+//           coordinate 4) of a 64-token tile in exactly the smem layout above; pages of 64..256
+//           tokens): the producer warpgroup loads Q with cp.async (then cp.async.wait_all +
+//           fence.proxy.async before arriving on bar_q, so the consumers need no proxy fence), then
+//           its warps 1..3 and lanes 1..31 exit and one thread issues the four K loads of a pair, in
+//           the same order and after the same `empty` waits as above, each completing on the
+//           barrier of its half (full[slot][0] for cb 0..3, full[slot][4] for cb 4..8: count 1,
+//           expect_tx 32 / 40 KB; readers of any cb wait on its half's barrier). It reads the
+//           block-table entries of the next pair one pair ahead. A tile that starts at or after
+//           tok_end uses page coordinate -1 (out of bounds: zero-filled, no global read, no
+//           block-table read); bad block-table entries (negative, >= num_blocks) are out of bounds
+//           too. Rows >= tok_end of a partially valid tile come from a real page and may hold
+//           anything (NaN), so before their P V products the consumers zero those rows of the V
+//           blocks they read (WG0: cb 0..3 of both slots, WG1: cb 4..7), fence.proxy.async, and sync
+//           their warpgroup (named barriers 6 / 7, 128 threads); this happens only in a split's last
+//           pair. No fence.proxy.async after the full waits (TMA writes are async-proxy).
 // Barriers  named (256 consumer threads, one side arrives, the other syncs), per pair:
 //           1 SCALE0  WG0 -> WG1: sM = m0 and sScale0 = a0 written
 //           2 SCALE1  WG1 -> WG0: sM = m1 and sScale1 = a1 written
@@ -95,9 +114,27 @@ constexpr int PRODUCER_REGS = MLA_PRODUCER_REGS;
 static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && 256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536,
               "setmaxnreg budgets exceed the register file");
 
-enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5 };
+enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5, BAR_WG0 = 6, BAR_WG1 = 7 };
 
+#ifndef MLA_TMA_K
+#define MLA_TMA_K 0  // 1: K tiles by TMA (one producer thread), see the header comment
+#endif
+
+
+// After a consumer's wait on a full barrier: cp.async data (generic proxy) needs a proxy fence
+// before wgmma reads it; TMA data does not.
+GQADRV_DEVICE void k_fence() {
+#if !MLA_TMA_K
+  cpasync_to_wgmma_fence();
+#endif
+}
+
+#if MLA_TMA_K
+// TMA mode: one barrier per half tile (cb 0..3 -> full[slot][0], cb 4..8 -> full[slot][4])
+GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + (cb < 4 ? 0 : 4)); }
+#else
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + cb); }
+#endif
 // empty[slot][half]: half 0 = cb 0..3 (last reader WG0), half 1 = cb 4..8 (last reader WG1)
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot, int half) { return sb + OFF_BAR + 8u * (u32)(18 + 2 * slot + half); }
 GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * 22u; }
@@ -153,7 +190,7 @@ GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool 
 // commit them as one wgmma group.
 GQADRV_DEVICE void qk_block_waited(float (&s)[32], u32 sb, int slot, int c, u32 ph, bool first) {
   mbar_wait_wd(full_bar(sb, slot, c), ph);
-  cpasync_to_wgmma_fence();
+  k_fence();
   wgmma_fence();  // after the (divergent) wait loop: keeps ptxas from serialising the wgmma chain
   qk_block(s, sb + OFF_Q, sb + (slot ? OFF_K1 : OFF_K0), c, first);
   wgmma_commit();
@@ -267,6 +304,37 @@ GQADRV_DEVICE void publish_max(float* sM, float* sSc, int r_lo, int r_hi, int t,
     sSc[r_hi] = a_hi;
   }
 }
+#if MLA_TMA_K
+// Zero rows [first_row, 64) of channel blocks c0 .. c0 + 3 of a K slot (TMA mode, a split's partially
+// valid last tile: those rows come from a real page and may hold anything). One warpgroup (128
+// threads, x = thread index in it), then the proxy fence and the warpgroup's named barrier.
+GQADRV_DEVICE void zero_tail_rows(u32 slot, int c0, int first_row, int x, int bar_id) {
+#pragma unroll 1
+  for (int k = 0; k < 16; ++k) {
+    const int i = x + 128 * k, cb = c0 + (i >> 9), r = (i >> 3) & 63, u = i & 7;
+    if (r >= first_row) sts_zero16(slot + (u32)cb * CB + swz(r, u));
+  }
+  fence_proxy_async_smem();
+  named_bar_sync(bar_id, 128);
+}
+
+// Page of a 64-token tile for the TMA producer (-1: the tile starts at or after tok_end; its block-table
+// entry is never read and the out-of-bounds box is zero-filled), and the tile's first token in it.
+struct TileSrc {
+  int blk, off;
+};
+GQADRV_DEVICE TileSrc tile_src(const MlaDecodeArgs& a, const i32* bt_row, int tile, int tok_end) {
+  const int tok = tile * 64;
+  return TileSrc{tok < tok_end ? __ldg(bt_row + (tok >> a.page_shift)) : -1, tok & (a.page_size - 1)};
+}
+// One TMA for channel blocks [C0, C1) of a tile (C0 = 0: k_lo, 4 blocks; C0 = 4: k_hi, 5 blocks).
+template <int C0, int C1>
+GQADRV_DEVICE void tma_half(u32 slot, u32 bar, const TmaDesc* km, const TileSrc& src, int kvh) {
+  mbar_arrive_expect_tx(bar, (u32)(C1 - C0) * CB);
+  tma_load_5d(slot + (u32)C0 * CB, km, bar, 0, src.off, C0, kvh, src.blk);
+}
+#endif
+
 GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
@@ -275,8 +343,14 @@ GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
 }  // namespace seesaw
 }  // namespace mla
 
+#if MLA_TMA_K
+extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
+    mla_dense_decode_seesaw_tma(const __grid_constant__ TmaDesc k_lo, const __grid_constant__ TmaDesc k_hi,
+                                const __grid_constant__ MlaDecodeArgs a) {
+#else
 extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     mla_dense_decode_seesaw(const __grid_constant__ MlaDecodeArgs a) {
+#endif
   using namespace mla;
   using namespace mla::seesaw;
   const int tid = threadIdx.x;
@@ -290,8 +364,15 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const int M = a.m_rows, row0 = mb * MLA_BLOCK_M;
 
   if (tid == 0) {
+#if MLA_TMA_K
+    tma_prefetch_desc(&k_lo);
+    tma_prefetch_desc(&k_hi);
+#pragma unroll 1
+    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 1);  // full: one arrive.expect_tx (TMA)
+#else
 #pragma unroll 1
     for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 128);  // full: the producer's 128 threads
+#endif
 #pragma unroll 1
     for (int i = 18; i < 22; ++i) mbar_init(sb + OFF_BAR + 8u * i, 4);  // empty: one arrival per consumer warp
     mbar_init(q_bar(sb), 128);
@@ -339,8 +420,38 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
             cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), src ? (const void*)(src + c * 64) : (const void*)a.q,
                         src ? 16u : 0u);
         }
+#if MLA_TMA_K
+        cp_async_wait_all();
+        fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
+        mbar_arrive(q_bar(sb));
+#else
         cp_async_mbar_arrive_noinc(q_bar(sb));
+#endif
       }
+#if MLA_TMA_K
+      if (pw != 0 || lane != 0) return;
+      TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
+      TileSrc s1 = tile_src(a, bt_row, t_beg + 1, tok_end);
+#pragma unroll 1
+      for (int it = 0; it < npairs; ++it) {
+        const int T0 = t_beg + 2 * it;
+        const u32 pe = (u32)(it & 1) ^ 1u;
+        const bool nxt = it + 1 < npairs;
+        // next pair's block-table entries, one pair ahead (in flight during the empty waits)
+        const TileSrc n0 = nxt ? tile_src(a, bt_row, T0 + 2, tok_end) : s0;
+        const TileSrc n1 = nxt ? tile_src(a, bt_row, T0 + 3, tok_end) : s1;
+        mbar_wait_wd(empty_bar(sb, 0, 0), pe);
+        tma_half<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), &k_lo, s0, kvh);
+        mbar_wait_wd(empty_bar(sb, 1, 1), pe);
+        tma_half<4, 9>(sb + OFF_K1, full_bar(sb, 1, 4), &k_hi, s1, kvh);
+        mbar_wait_wd(empty_bar(sb, 0, 1), pe);
+        tma_half<4, 9>(sb + OFF_K0, full_bar(sb, 0, 4), &k_hi, s0, kvh);
+        mbar_wait_wd(empty_bar(sb, 1, 0), pe);
+        tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
+        s0 = n0;
+        s1 = n1;
+      }
+#else
 #pragma unroll 1
       for (int it = 0; it < npairs; ++it) {
         const int T0 = t_beg + 2 * it;
@@ -359,6 +470,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
       }
       cp_async_wait_all();
+#endif
     }
   } else {
   // ===================================================================== consumer warpgroups
@@ -423,6 +535,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         pack_pa(pa, s, 1.f, 1.f);
         named_bar_arrive(BAR_SCALE0, 256);
         scale_o(o, a0_lo, a0_hi);
+#if MLA_TMA_K
+        if (tok_end - T0 * 64 < 64) zero_tail_rows(sb + OFF_K0, 0, tok_end - T0 * 64, tid, BAR_WG0);
+#endif
         // O_L += P0 V0L (RS)
         wgmma_fence();
         pv_rs(o, pa, sb + OFF_K0);
@@ -445,7 +560,13 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         l_hi *= a1_hi;
 #pragma unroll
         for (int c = 0; c < 4; ++c) mbar_wait_wd(full_bar(sb, 1, c), ph);
-        cpasync_to_wgmma_fence();
+#if MLA_TMA_K
+        {  // after BAR_SCALE1: WG1's Q K1^T (the other reader of K1 cb 0..3) is complete
+          const int v1 = tok_end - (T0 + 1) * 64;
+          if (v1 > 0 && v1 < 64) zero_tail_rows(sb + OFF_K1, 0, v1, tid, BAR_WG0);
+        }
+#endif
+        k_fence();
         wgmma_fence();
         pv_ss(o, sb + OFF_P1, sb + OFF_K1);
         wgmma_commit();
@@ -488,6 +609,12 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         store_pa(sb + OFF_P1, pa, r_lo, r_hi, t);
         fence_proxy_async_smem();
         scale_o(o, f_lo, f_hi);
+#if MLA_TMA_K
+        {
+          const int v1 = tok_end - T1 * 64;
+          if (v1 > 0 && v1 < 64) zero_tail_rows(sb + OFF_K1, 4, v1, tid - 128, BAR_WG1);
+        }
+#endif
         // O_R += P1 V1R (RS)
         wgmma_fence();
         pv_rs(o, pa, sb + OFF_K1 + 4 * CB);
@@ -496,7 +623,13 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         named_bar_sync(BAR_P0, 256);
 #pragma unroll
         for (int c = 4; c < 8; ++c) mbar_wait_wd(full_bar(sb, 0, c), ph);
-        cpasync_to_wgmma_fence();
+#if MLA_TMA_K
+        {  // after BAR_SCALE0: WG0's Q K0^T (the other reader of K0 cb 4..7) is complete
+          const int v0 = tok_end - (T1 - 1) * 64;
+          if (v0 < 64) zero_tail_rows(sb + OFF_K0, 4, v0, tid - 128, BAR_WG1);
+        }
+#endif
+        k_fence();
         wgmma_fence();
         pv_ss(o, sb + OFF_P0, sb + OFF_K0 + 4 * CB);
         wgmma_commit();
