@@ -37,7 +37,7 @@ _encoded = BoundedMap(256)   # (spec, address) -> 128 bytes, for maps whose addr
 class TmapSlot:
     """A by-value tensor-map parameter (``param`` of plan ``plan``) describing tensor ``slot``."""
 
-    __slots__ = ("plan", "param", "slot", "spec", "encoded", "field")
+    __slots__ = ("encoded", "field", "param", "plan", "slot", "spec")
 
     def __init__(self, plan: int, param: str, slot: int, spec: _tm.TmaSpec, encoded: bytes):
         self.plan, self.param, self.slot, self.spec, self.encoded = plan, param, slot, spec, encoded
@@ -63,8 +63,21 @@ class LayoutEntry:
     ``out_slot``: the output's index (its span must not overlap the others); ``tmaps``: tensor maps
     to re-base when their tensor moves; ``ptrs``: the addresses of the last launch."""
 
-    __slots__ = ("plans", "fields", "aligns", "spans", "out_slot", "tmaps", "ptrs", "device", "stream", "keep",
-                 "out_shape", "out_dtype", "lock")
+    __slots__ = (
+        "aligns",
+        "device",
+        "fields",
+        "keep",
+        "lock",
+        "out_dtype",
+        "out_shape",
+        "out_slot",
+        "plans",
+        "ptrs",
+        "spans",
+        "stream",
+        "tmaps",
+    )
 
     def __init__(self, plans: tuple[LaunchPlan, ...], fields: tuple, aligns: tuple[int, ...],
                  spans: tuple[tuple[int, int], ...], out_slot: int | None, tmaps: tuple[TmapSlot, ...],

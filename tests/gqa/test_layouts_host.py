@@ -176,7 +176,7 @@ def test_bind_refuses_and_patches_nothing(bad, why, monkeypatch):
 
 
 def test_adjacent_output_is_not_an_overlap(monkeypatch):
-    e, plan, _ = _entry(enc_plain, monkeypatch)
+    e, _, _ = _entry(enc_plain, monkeypatch)
     assert e.bind((Q, KV, LENS, Q + NQ))
     assert e.bind((Q, KV, LENS, Q - NO))
 
@@ -252,7 +252,7 @@ def test_calls_the_layout_cache_cannot_serve(fake_kind):
     assert api._call_facts(q, kv, lens, None, 1.0, np.float32(0.1), None, None) is None
     assert api._call_facts(q, kv, lens, None, True, None, None, None) is None
     assert api._call_facts(q, kv, lens, None, 1.0, None, None, 3) is None
-    q1, kv1, lens1 = _set(device=1)
+    kv1 = _set(device=1)[1]
     assert api._call_facts(q, kv1, lens, None, 1.0, None, None, None) is None  # mixed devices
 
 
@@ -275,14 +275,16 @@ def test_repeated_calls_with_new_tensors_launch_the_remembered_plan(fake_kind, m
 
     q, kv, lens = _set()
     out = FakeT(_aligned((2, 16, 128)))
-    e, plan = _install(fake_kind, q, kv, lens, out, monkeypatch)
+    _, plan = _install(fake_kind, q, kv, lens, out, monkeypatch)
     assert gqadrv.gqa_decode(q, kv, lens, out=out) is out
     assert len(plan.launches) == 1
     q2, kv2, lens2 = _set()
     out2 = FakeT(_aligned((2, 16, 128)))
     assert gqadrv.gqa_decode(q2, kv2, lens2, out=out2) is out2
     assert len(plan.launches) == 2 and len(api._layouts) == 1
-    ptr = lambda x: x.a.__array_interface__["data"][0]  # noqa: E731
+    def ptr(x):
+        return x.a.__array_interface__["data"][0]
+
     assert _fields(plan.args) == (ptr(q2), ptr(kv2), ptr(lens2), ptr(out2))
     assert struct.unpack_from("<Q", plan.args.param_bytes("kv_map"), 16)[0] == ptr(kv2)  # map re-based
 
