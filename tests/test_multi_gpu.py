@@ -36,18 +36,63 @@ def test_convenience_replays_on_every_device():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, 16, 128)).astype(np.float16)
     kv = rng.standard_normal((2, 2, 4, 900, 128)).astype(np.float16)
+    api._layouts.clear()
     for dev in (1, 0):
         with cp.cuda.Device(dev):
             dq, dkv = cp.asarray(q), cp.asarray(kv)
             dl = cp.asarray(np.array([900, 13], np.int32))
-            n0 = len(api._replays)
+            n0 = len(api._layouts)
             for lens in ([900, 13], [1, 899], [0, 900]):
                 dl.set(np.array(lens, np.int32))
                 out = gqadrv.gqa_decode(dq, dkv, dl)
                 assert out.device.id == dev
                 check(cp.asnumpy(out).astype(np.float64), gqa_decode_reference(q, kv, np.array(lens)), "float16",
                       f"multi-GPU replay dev {dev}")
-            assert len(api._replays) == n0 + 1  # the first call built it, the others replayed
+            assert len(api._layouts) == n0 + 1  # the first call built it, the others replayed
+
+
+def test_layout_plans_follow_the_input_device():
+    """Same layout, new tensors at every call, on device 1 while device 0 is current (and the
+    reverse): the output lands on the inputs' device and is right; one layout entry per device.
+    Inputs on two devices are refused before any launch."""
+    _need_two()
+    import cupy as cp
+
+    import gqadrv
+    from gqadrv.gqa import api
+    from gqadrv.runtime.module import LaunchPlan
+
+    rng = np.random.default_rng(5)
+    api._layouts.clear()
+    for dev, other in ((1, 0), (0, 1)):
+        for i in range(4):
+            q = rng.standard_normal((2, 16, 128)).astype(np.float16)
+            kv = rng.standard_normal((2, 2, 4, 1500, 128)).astype(np.float16)
+            lens = np.array([1500 - 100 * i, 7 + i], np.int32)
+            with cp.cuda.Device(dev):
+                dq, dkv, dl = cp.asarray(q), cp.asarray(kv), cp.asarray(lens)
+                cp.cuda.Device(dev).synchronize()
+            with cp.cuda.Device(other):
+                out = gqadrv.gqa_decode(dq, dkv, dl)
+            assert out.device.id == dev
+            with cp.cuda.Device(dev):
+                check(cp.asnumpy(out).astype(np.float64), gqa_decode_reference(q, kv, lens), "float16",
+                      f"layout plan dev {dev} from {other}")
+    assert len(api._layouts) == 2
+    with cp.cuda.Device(0):
+        dq = cp.zeros((2, 16, 128), cp.float16)
+        dl = cp.full(2, 5, cp.int32)
+    with cp.cuda.Device(1):
+        dkv = cp.zeros((2, 2, 4, 1500, 128), cp.float16)
+    calls = []
+    orig = LaunchPlan.launch
+    LaunchPlan.launch = lambda self, stream=None: calls.append(1) or orig(self, stream)
+    try:
+        with pytest.raises(ValueError, match="share one device"):
+            gqadrv.gqa_decode(dq, dkv, dl)
+    finally:
+        LaunchPlan.launch = orig
+    assert calls == []
 
 
 def test_prepared_launch_from_another_current_device():

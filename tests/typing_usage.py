@@ -83,6 +83,8 @@ def gqa(q: TorchLike, kv: TorchLike, lens: TorchLike, o: JaxLike, cupy_array: An
         streams: list[StreamLike]) -> None:
     assert_type(gqa_decode(q, kv, lens), TorchLike)
     assert_type(gqa_decode(q, kv, lens, q_scale=0.5, stream=0, backend="hopper"), TorchLike)
+    assert_type(gqa_decode(q, kv, lens, sm_scale=0.088), TorchLike)
+    assert_type(gqa_decode(q, kv, lens, out=o, sm_scale=None), JaxLike)
     assert_type(gqa_decode(q, kv, lens, out=o), JaxLike)
     maybe_out: JaxLike | None = None
     assert_type(gqa_decode(q, kv, lens, out=maybe_out), TorchLike | JaxLike)
@@ -91,6 +93,7 @@ def gqa(q: TorchLike, kv: TorchLike, lens: TorchLike, o: JaxLike, cupy_array: An
         gqa_decode(q, kv, lens, stream=s, backend=backend)
     assert_type(sm110_gqa_decode(q, kv, lens), TorchLike)
     assert_type(sm110_gqa_decode(q, kv, lens, out=o, stream=CoreStream()), JaxLike)
+    assert_type(sm110_gqa_decode(q, kv, lens, sm_scale=0.1), TorchLike)
 
     p = prepare_gqa_decode(Q=q, KV=kv, O=o, sequence_lengths=lens, num_splits=4, backend="portable")
     assert_type(p, PreparedGqaDecode[JaxLike])
@@ -106,6 +109,9 @@ def gqa(q: TorchLike, kv: TorchLike, lens: TorchLike, o: JaxLike, cupy_array: An
     del base
 
     d = prepare_gqa_decode({"Q": q, "KV": kv, "O": o, "sequence_lengths": lens}, q_scale=2.0, stream=CupyStream())
+    assert_type(prepare_gqa_decode(Q=q, KV=kv, O=o, sequence_lengths=lens, sm_scale=0.1), PreparedGqaDecode[JaxLike])
+    assert_type(prepare_gqa_decode({"Q": q, "KV": kv, "O": o, "sequence_lengths": lens}, sm_scale=0.1),
+                PreparedGqaDecode[Any])
     assert_type(d, PreparedGqaDecode[Any])
     assert_type(prepare_sm110_gqa_decode({"Q": q, "KV": kv, "O": o, "sequence_lengths": lens}, 2),
                 PreparedGqaDecode[Any])
@@ -140,6 +146,7 @@ def mla(q: TorchLike, k_cache: TorchLike, block_table: TorchLike, lens: TorchLik
 
 def references(q: npt.NDArray[np.float16], kv: npt.NDArray[np.float16], k_cache: npt.NDArray[Any]) -> None:
     assert_type(gqa_decode_reference(q, kv, [3, 5], q_scale=0.5), npt.NDArray[np.float64])
+    assert_type(gqa_decode_reference(q, kv, [3, 5], sm_scale=0.1), npt.NDArray[np.float64])
     ref_out, ref_lse = mla_decode_reference(q, k_cache, [[0, 1]], [7], 512, None, True)
     assert_type(ref_out, npt.NDArray[np.float64])
     assert_type(ref_lse, npt.NDArray[np.float64])

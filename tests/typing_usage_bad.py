@@ -38,6 +38,8 @@ def misuse(q: Array, lens: Array, o: Other, name: str) -> None:
     gqa_decode(q, q, lens, stream=1.5)  # E: call-overload
     gqa_decode([1.0], q, lens)  # E: call-overload
     gqa_decode(q, q, lens, q_scale="2")  # E: call-overload
+    gqa_decode(q, q, lens, sm_scale="0.1")  # E: call-overload
+    prepare_gqa_decode(Q=q, KV=q, O=o, sequence_lengths=lens, sm_scale="0.1")  # E: call-overload
     wrong: Other = gqa_decode(q, q, lens)  # E: assignment
     right: Other = gqa_decode(q, q, lens, out=o)
     prepare_gqa_decode(Q=q, KV=q, sequence_lengths=lens)  # E: call-overload

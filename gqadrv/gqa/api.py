@@ -1,6 +1,6 @@
 """Public GQA decode API: the convenience call and the prepared (graph-capturable) launch.
 
-    out = gqa_decode(q, kv, sequence_lengths, out=None, q_scale=1.0, stream=None)
+    out = gqa_decode(q, kv, sequence_lengths, out=None, q_scale=1.0, sm_scale=None, stream=None)
     p   = prepare_gqa_decode({"Q": q, "KV": kv, "O": o, "sequence_lengths": lens}, num_splits=None)
     o   = launch_prepared(p)          # one cuLaunchKernelEx: no validation, allocation or host read
 
@@ -17,11 +17,12 @@ from typing import Any, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot
 from ..ops.prepared import PreparedDecode
-from ..ops.replay import ReplayCache
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.streams import device_hint, is_capturing, on_stream, order_cupy, order_inputs, resolve_stream
+from ..runtime.streams import (current_stream, device_hint, is_capturing, on_stream, order_fast, order_inputs,
+                               resolve_stream)
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
 from . import plan as _plan
@@ -32,100 +33,205 @@ __all__ = ["PreparedGqaDecode", "gqa_decode", "prepare_gqa_decode"]
 STATUS_NAMES = ((1, "empty"), (2, "clamped"))
 
 
-# ----------------------------------------------------------------------------- convenience replays
-# A convenience call whose tensors are all CuPy arrays on CuPy's current device is keyed by
-# everything validation and routing looked at: pointers, shapes, strides and dtypes of the four
-# tensors, q_scale, backend, the tuning environment, the device and the resolved stream (with a flag
-# when it is not CuPy's current one: the input-ordering event is then recorded again at every
-# replay, as on the first call). Processes that see several GPUs replay too: the device is part of
-# the key and the replay makes its context current (ops.replay).
-_replays = ReplayCache(1024)
+# ----------------------------------------------------------------------------- layout plans
+# A convenience call whose four tensors come from one framework the fast readers know (CuPy, torch,
+# JAX: runtime.tensors.fast_kind) is keyed by layout: framework, shape / strides / dtype of each
+# tensor, whether out is given, device, q_scale, sm_scale, backend, the tuning environment and the
+# resolved launch stream. Not by addresses: a later call with the same key and new tensors re-reads
+# only the addresses (each framework's cheap attribute), orders the producers, re-checks what
+# depends on the address (alignment, out overlapping an input; ops.layouts), patches the address
+# fields of the packed GqaArgs and the KV tensor map, and launches the plan built the first time.
+# A call with the very same addresses patches nothing (the former exact-pointer replay).
+# Processes that see several GPUs use it too: the device is part of the key and the launch makes
+# its context current. Anything unusual (mixed frameworks, 0-d array scalars, a failed check) takes
+# the full path, which validates, routes and launches, and remembers the layout when it succeeded.
+_layouts = LayoutCache(1024)
+_MISS = object()
+_ALIGNS = (16, 16, 4, 16)   # q, kv (TMA), lengths, out
+_FIELDS = (((0, "args.q"),), ((0, "args.kv"),), ((0, "args.lengths"),), ((0, "args.out"),))
 
 
-def _array_key(a) -> tuple:
-    return (a.data.ptr, a.shape, a.strides, a.dtype)
-
-
-def _replay_key(q, kv, lens, out, q_scale, stream, backend) -> tuple | None:
-    """The replay key of a call, or None when the call is not eligible (see above)."""
-    cp = sys.modules.get("cupy")
-    if cp is None:
+def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple | None:
+    """(key, ptrs, kind, device, stream, current stream) of a call the layout cache can serve, or
+    None (see above)."""
+    kind = _tensors.fast_kind(q)
+    if kind is None:
         return None
-    nd = cp.ndarray
-    if type(q) is not nd or type(kv) is not nd or type(lens) is not nd or (out is not None and type(out) is not nd):
+    tq = type(q)
+    if type(kv) is not tq or type(lens) is not tq or (out is not None and (type(out) is not tq or kind == "jax")):
         return None
-    if type(q_scale) is not float and type(q_scale) is not int:
+    t = type(q_scale)
+    if t is not float and t is not int:
+        return None
+    if sm_scale is not None and type(sm_scale) is not float and type(sm_scale) is not int:
         return None
     if backend is not None and type(backend) is not str:
         return None
-    dev = q.device.id
-    if dev != cp.cuda.runtime.getDevice():
+    read = _tensors.FAST_READERS[kind]
+    try:
+        fq, fk, fl = read(q), read(kv), read(lens)
+        fo = read(out) if out is not None else None
+    except Exception:  # noqa: BLE001 - anything unusual is explained by the full path
         return None
-    cur = cp.cuda.get_current_stream().ptr
-    s = cur if stream is None else resolve_stream(stream, dev, "cupy")
-    return (_array_key(q), _array_key(kv), _array_key(lens), None if out is None else _array_key(out), q_scale,
-            backend, _routes.tuning_env(), s != cur, s, dev)
+    if fq is None or fk is None or fl is None or (out is not None and fo is None):
+        return None
+    dev = fq[2]
+    if fk[2] != dev or fl[2] != dev or (fo is not None and fo[2] != dev):
+        return None
+    cur = current_stream(kind, dev)
+    s = cur if stream is None else resolve_stream(stream, dev, kind)
+    key = (kind, fq[0], fk[0], fl[0], None if fo is None else fo[0], dev, q_scale, sm_scale, backend,
+           _routes.tuning_env(), s)
+    return key, (fq[1], fk[1], fl[1], 0 if fo is None else fo[1]), kind, dev, s, cur
+
+
+def _new_output(kind: str | None, q, shape: tuple, np_dtype, dev: int, s: int, cur: int):
+    """(array handed back, its address, CuPy array to export or None): a new output on ``dev``,
+    stream-ordered on ``s``. torch inputs on torch's current stream get a torch tensor directly
+    (``q.new_empty``: torch's allocator, on q's device and that stream); otherwise CuPy allocates
+    (handed back in q's framework by ``export_like``)."""
+    if kind == "torch" and s == cur:
+        o = q.new_empty(q.shape)
+        return o, o.data_ptr(), None
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        import cupy as cp
+    if kind == "cupy" and s == cur and cp.cuda.runtime.getDevice() == dev:
+        a = cp.empty(shape, np_dtype)
+    else:
+        with cp.cuda.Device(dev), on_stream(s, dev):
+            a = cp.empty(shape, np_dtype)
+    return a, a.data.ptr, a
+
+
+def _handed_back(kind: str | None, q, o, arr, s: int, dev: int):
+    if arr is None or kind == "cupy":
+        return o
+    with on_stream(s, dev):
+        return _tensors.export_like(arr, q)
+
+
+def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
+    _key, ptrs, kind, dev, s, cur = facts
+    order_fast(kind, (q, kv, lens, out), dev, s, cur)
+    o = arr = None
+    if out is None:
+        o, optr, arr = _new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
+        ptrs = ptrs[:3] + (optr,)
+    with e.lock:
+        if not e.bind(ptrs):
+            return _MISS
+        e.launch()
+    if out is not None:
+        return out
+    return _handed_back(kind, q, o, arr, s, dev)
+
+
+def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) -> None:
+    """Keep the plan of a validated call under its layout key, when the full path saw exactly
+    the facts the key was made of (device, stream, addresses)."""
+    key, ptrs, _kind, dev, s, _cur = facts
+    views = (problem.q, problem.kv, problem.lengths)
+    seen = (problem.q.ptr, problem.kv.ptr, problem.lengths.ptr, problem.out.ptr if problem.out is not None else 0)
+    if problem.device != dev or plan.stream != s or seen[:3] != ptrs[:3] or (ptrs[3] and seen[3] != ptrs[3]):
+        return
+    spans = [(lo - v.ptr, hi - v.ptr) for v in views for lo, hi in (v.byte_range(),)]
+    if problem.out is not None:
+        lo, hi = problem.out.byte_range()
+        spans.append((lo - problem.out.ptr, hi - problem.out.ptr))
+    else:
+        spans.append((0, problem.q.nbytes))
+    tmaps = ()
+    if variant.family.uses_tma:
+        tmaps = (TmapSlot(0, "kv_map", 1, _plan.kv_tensor_spec(problem, variant), plan.args.param_bytes("kv_map")),)
+    _layouts.remember(key, LayoutEntry(
+        (plan,), _FIELDS, _ALIGNS, tuple(spans), 3, tmaps, seen[:3] + (out_ptr,), dev, s, keep=(ws,),
+        out_shape=problem.q.shape, out_dtype=_tensors._np_dtype(problem.dtype)))
 
 
 # ----------------------------------------------------------------------------- convenience API
 @overload
 def gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
-               q_scale: float = 1.0, stream: StreamLike | None = None, backend: Backend | None = None) -> ArrayT: ...
+               q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
+               backend: Backend | None = None) -> ArrayT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT, q_scale: float = 1.0,
-               stream: StreamLike | None = None, backend: Backend | None = None) -> OutT: ...
+               sm_scale: float | None = None, stream: StreamLike | None = None,
+               backend: Backend | None = None) -> OutT: ...
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
-               q_scale: float = 1.0, stream: StreamLike | None = None,
+               q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None) -> DLPackArray:
     """One-token GQA decode.
 
     q [B, Hq, D], kv [B, 2, Hkv, C, D] (K at 0, V at 1), sequence_lengths int32 [B] on the device,
     out [B, Hq, D] optional. fp16 or bf16; Hq % Hkv == 0 with group 1..16; D in {64, 128, 256}.
-    The softmax scale is ``q_scale / sqrt(D)`` (q_scale multiplies the default 1/sqrt(D)).
+    Softmax scale: ``softmax(sm_scale * q.k)``. ``sm_scale`` is absolute (default ``1/sqrt(D)``);
+    the seed's ``q_scale`` multiplies that default (``q_scale = sm_scale * sqrt(D)``). Give one of
+    them: ``sm_scale`` with a ``q_scale`` other than 1.0 is a ValueError.
     Returns ``out`` (the caller's object) or a new array of the caller's framework. Asynchronous on
     ``stream`` (default: the current torch stream for torch tensors, else CuPy's current stream);
     every input's producer is ordered before the launch, whatever framework it comes from.
     Lengths are clamped on the device to [0, C]; an empty request yields zeros.
     ``backend``: None/'auto', 'hopper', 'tcgen05' or 'portable' (also GQADRV_BACKEND).
+    Repeated calls with the same layout (new tensors allowed) re-use the first call's plan.
     """
-    key = _replay_key(q, kv, sequence_lengths, out, q_scale, stream, backend)
-    if key is not None:
-        hit = _replays.get(key)
-        if hit is not None:
-            if key[-3]:  # a stream other than CuPy's current one: order the inputs first
-                order_cupy(key[-1], key[-2])
-            return hit.launch(out)
+    facts = _call_facts(q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
+    if facts is not None:
+        e = _layouts.get(facts[0])
+        if e is not None:
+            r = _launch_layout(e, facts, q, kv, sequence_lengths, out)
+            if r is not _MISS:
+                return r
+    return _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
+
+
+def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend):
+    _contract.check_scale_pair(q_scale, sm_scale)
     _routes.check_backend(backend)
     _drv.ensure_init()
     fw = _tensors.framework_of(q)
     dev_hint = device_hint(q)
     s = resolve_stream(stream, dev_hint, fw)
     dl_stream = order_inputs((q, kv, sequence_lengths, out), dev_hint, s)
-    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=dl_stream)
+    problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=dl_stream, sm_scale=sm_scale)
     variant, loaded = _plan.route(problem, backend)
     splits = _plan.default_splits(problem, variant, loaded)
+    kind = facts[2] if facts is not None else None
+    o = arr = None
     if out is None:
-        with on_stream(s, problem.device):
-            out_arr = _tensors.empty(problem.q.shape, problem.dtype, problem.device)
-        out_ptr = int(out_arr.data.ptr)
+        if facts is not None and facts[3] == problem.device and facts[4] == s:
+            o, out_ptr, arr = _new_output(kind, q, problem.q.shape, _tensors._np_dtype(problem.dtype), problem.device,
+                                          s, facts[5])
+        else:
+            kind = None
+            with on_stream(s, problem.device):
+                arr = o = _tensors.empty(problem.q.shape, problem.dtype, problem.device)
+            out_ptr = int(arr.data.ptr)
     else:
-        out_arr, out_ptr = None, problem.out.ptr
+        out_ptr = problem.out.ptr
     ws = None
     if splits > 1:
         ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
-    grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
-    args = _plan.args_fields(problem, out_ptr, ws, 0, splits, variant, loaded)
-    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
-                  _plan.param_values(problem, variant, args), problem.device)
-    if key is not None and key[-1] == problem.device and key[-2] == s:
-        plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr if out is not None else 0, ws=ws,
-                                  status_ptr=0, splits=splits, stream=s)
-        _replays.remember(key, (plan,), 0, "args.out", problem.q.shape, _tensors._np_dtype(problem.dtype),
-                          problem.device, s)
+    if facts is not None:
+        plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr, ws=ws, status_ptr=0, splits=splits,
+                                  stream=s)
+        if _drv.multi_device():
+            with _drv.device_scope(problem.device):
+                plan.launch()
+        else:
+            plan.launch()
+        _remember(facts, problem, variant, loaded, plan, ws, out_ptr)
+    else:
+        grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+        args = _plan.args_fields(problem, out_ptr, ws, 0, splits, variant, loaded)
+        launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
+                      _plan.param_values(problem, variant, args), problem.device)
     if out is not None:
         return out
-    with on_stream(s, problem.device):
-        return _tensors.export_like(out_arr, q)
+    if kind is None:
+        with on_stream(s, problem.device):
+            return _tensors.export_like(arr, q)
+    return _handed_back(kind, q, o, arr, s, problem.device)
 
 
 # ----------------------------------------------------------------------------- prepared API
@@ -140,43 +246,57 @@ class PreparedGqaDecode(PreparedDecode[_R]):
 _PREP_KEYS = ("Q", "KV", "O", "sequence_lengths")
 
 
-def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale):
+_SCALE_KEYS = ("q_scale", "sm_scale")
+
+
+def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale, sm_scale):
     if not isinstance(inputs, dict):
         raise TypeError(f"inputs must be a dict with keys {list(_PREP_KEYS)}, got {type(inputs).__name__}")
     missing = [k for k in _PREP_KEYS if k not in inputs]
     if missing:
-        raise ValueError(f"inputs is missing {missing}; required keys: {list(_PREP_KEYS)} (+ optional 'q_scale')")
-    extra = set(inputs) - set(_PREP_KEYS) - {"q_scale"}
+        raise ValueError(f"inputs is missing {missing}; required keys: {list(_PREP_KEYS)} "
+                         "(+ optional 'q_scale' or 'sm_scale')")
+    extra = set(inputs) - set(_PREP_KEYS) - set(_SCALE_KEYS)
     if extra:
-        raise ValueError(f"unknown inputs keys {sorted(extra)}; expected {list(_PREP_KEYS)} and optional 'q_scale'")
+        raise ValueError(f"unknown inputs keys {sorted(extra)}; expected {list(_PREP_KEYS)} and optional 'q_scale' "
+                         "or 'sm_scale'")
     if any(x is not None for x in (Q, KV, O, sequence_lengths)):
         raise ValueError("pass tensors either in `inputs` or as keywords, not both")
     Q, KV, O, sequence_lengths = (inputs[k] for k in _PREP_KEYS)
     if q_scale is None:
-        q_scale = inputs.get("q_scale", 1.0)
-    return Q, KV, O, sequence_lengths, q_scale
+        q_scale = inputs.get("q_scale", None)
+    if sm_scale is None:
+        sm_scale = inputs.get("sm_scale", None)
+    return Q, KV, O, sequence_lengths, q_scale, sm_scale
 
 
 @overload
-def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, num_splits: int | None = None,
-                       stream: StreamLike | None = None, backend: Backend | None = None) -> PreparedGqaDecode[Any]: ...
+def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, sm_scale: float | None = None,
+                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       backend: Backend | None = None) -> PreparedGqaDecode[Any]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: OutT,
-                       sequence_lengths: DLPackArray, q_scale: float | None = None, num_splits: int | None = None,
-                       stream: StreamLike | None = None, backend: Backend | None = None) -> PreparedGqaDecode[OutT]: ...
+                       sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
+                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       backend: Backend | None = None) -> PreparedGqaDecode[OutT]: ...
 def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray | None = None,
                        KV: DLPackArray | None = None, O: DLPackArray | None = None,
                        sequence_lengths: DLPackArray | None = None, q_scale: float | None = None,
-                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       sm_scale: float | None = None, num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None) -> PreparedGqaDecode[Any]:
     """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
 
-    ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale"}; the same
-    can be given as keywords. ``num_splits``: None (heuristic) or an int in [1, 64]. Call outside
-    CUDA-graph capture; ``launch_prepared`` may then be captured and replayed.
+    ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale" or
+    "sm_scale"}; the same can be given as keywords. Softmax scale as in ``gqa_decode``:
+    ``softmax(sm_scale * q.k)``, sm_scale absolute (default 1/sqrt(D)) or q_scale = sm_scale * sqrt(D);
+    giving both (q_scale other than None / 1.0) is a ValueError. ``num_splits``: None (heuristic) or
+    an int in [1, 64]. Call outside CUDA-graph capture; ``launch_prepared`` may then be captured and
+    replayed.
     """
     if inputs is not None:
-        Q, KV, O, sequence_lengths, q_scale = _inputs_from_dict(inputs, Q, KV, O, sequence_lengths, q_scale)
+        Q, KV, O, sequence_lengths, q_scale, sm_scale = _inputs_from_dict(inputs, Q, KV, O, sequence_lengths, q_scale,
+                                                                          sm_scale)
+    _contract.check_scale_pair(q_scale, sm_scale)
     if q_scale is None:
         q_scale = 1.0
     missing = [n for n, v in (("Q", Q), ("KV", KV), ("sequence_lengths", sequence_lengths)) if v is None]
@@ -196,7 +316,7 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
                            "(it allocates and synchronizes); capture launch_prepared instead")
     dl_stream = order_inputs((Q, KV, sequence_lengths, O), dev_hint, s)
     problem = _contract.validate(Q, KV, sequence_lengths, O, q_scale, stream=dl_stream,
-                                 names=("Q", "KV", "sequence_lengths", "O"))
+                                 names=("Q", "KV", "sequence_lengths", "O"), sm_scale=sm_scale)
     variant, loaded = _plan.route(problem, backend)
     if splits_req is None:
         splits = _plan.default_splits(problem, variant, loaded)

@@ -22,7 +22,7 @@ GQA_ARGS = NamedStruct(
     ("ws_ml", "Q"),       # float* [B*Hkv, S, group, 2] {max (log2 domain), denominator}
     ("counters", "Q"),    # u32* [B*Hkv] arrival tickets, zero between launches
     ("status", "Q"),      # u32* [B] or null: 0 ok, 1 length <= 0, 2 length > capacity
-    ("scale_log2", "f"),  # q_scale / sqrt(D) / ln 2
+    ("scale_log2", "f"),  # sm_scale / ln 2 (sm_scale = q_scale / sqrt(D) when q_scale is given)
     ("hkv", "i"),
     ("group", "i"),
     ("capacity", "i"),

@@ -29,22 +29,34 @@ def _require_sm110(device: int) -> None:
 
 @overload
 def sm110_gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
-                     q_scale: float = 1.0, stream: StreamLike | None = None) -> ArrayT: ...
+                     q_scale: float = 1.0, sm_scale: float | None = None,
+                     stream: StreamLike | None = None) -> ArrayT: ...
 @overload
 def sm110_gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT,
-                     q_scale: float = 1.0, stream: StreamLike | None = None) -> OutT: ...
+                     q_scale: float = 1.0, sm_scale: float | None = None,
+                     stream: StreamLike | None = None) -> OutT: ...
 def sm110_gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *,
-                     out: DLPackArray | None = None, q_scale: float = 1.0,
+                     out: DLPackArray | None = None, q_scale: float = 1.0, sm_scale: float | None = None,
                      stream: StreamLike | None = None) -> DLPackArray:
-    """Seed-compatible name: like ``gqa_decode`` but raises RuntimeError unless the GPU is SM110."""
+    """Seed-compatible name: like ``gqa_decode`` but raises RuntimeError unless the GPU is SM110.
+    Softmax scale: softmax(sm_scale * q.k), sm_scale absolute (default 1/sqrt(D)) or
+    q_scale = sm_scale * sqrt(D); not both."""
+    from .contract import check_scale_pair
+
+    check_scale_pair(q_scale, sm_scale)
     _drv.ensure_init()
     _require_sm110(device_hint(q))
-    return gqa_decode(q, kv, sequence_lengths, out=out, q_scale=q_scale, stream=stream)
+    return gqa_decode(q, kv, sequence_lengths, out=out, q_scale=q_scale, sm_scale=sm_scale, stream=stream)
 
 
 def prepare_sm110_gqa_decode(inputs: dict[str, Any], num_splits: int | None = None,
                              stream: StreamLike | None = None) -> PreparedGqaDecode[Any]:
-    """Seed-compatible name of ``prepare_gqa_decode``; RuntimeError unless the GPU is SM110."""
+    """Seed-compatible name of ``prepare_gqa_decode``; RuntimeError unless the GPU is SM110. The
+    inputs dict may carry "q_scale" or "sm_scale" (not both, see ``gqa_decode``)."""
+    from .contract import check_scale_pair
+
+    if isinstance(inputs, dict):
+        check_scale_pair(inputs.get("q_scale"), inputs.get("sm_scale"))
     _drv.ensure_init()
     if isinstance(inputs, dict) and "Q" in inputs:
         _require_sm110(device_hint(inputs["Q"]))

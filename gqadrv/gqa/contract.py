@@ -1,8 +1,12 @@
 """The GQA decode contract: tensor shapes, dtypes, devices and scalar rules, checked before any launch.
 
 Error classes follow the seed system: TypeError for dtypes, ValueError for shapes, devices,
-contiguity, capacity, alignment, aliasing, q_scale and num_splits. Lengths are device data and are
-never read here (the kernels clamp them to [0, capacity]).
+contiguity, capacity, alignment, aliasing, q_scale / sm_scale and num_splits. Lengths are device data
+and are never read here (the kernels clamp them to [0, capacity]).
+
+Softmax scale: the logits are ``sm_scale * q.k`` with ``sm_scale`` absolute (FlashInfer's and
+FlashMLA's convention, default ``1/sqrt(D)``); the seed's ``q_scale`` multiplies that default, so
+``q_scale = sm_scale * sqrt(D)``. A call gives at most one of them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "check_num_splits",
     "check_q_scale",
+    "check_scale_pair",
+    "check_sm_scale",
     "validate",
 ]
 
@@ -46,7 +52,8 @@ class GqaProblem:
     kv: TensorView
     lengths: TensorView
     out: TensorView | None
-    q_scale: float
+    q_scale: float        # sm_scale * sqrt(D) (the seed's relative scale)
+    sm_scale: float       # the absolute softmax scale the kernels apply: softmax(sm_scale * q.k)
 
     @property
     def framework(self) -> str:
@@ -62,6 +69,32 @@ def check_q_scale(q_scale: Any, head_dim: int = 64) -> float:
     return _oc.check_positive_scale("q_scale", q_scale, limit=_oc.F32_MAX * math.sqrt(head_dim) * math.log(2.0))
 
 
+def check_sm_scale(sm_scale: Any) -> float:
+    """sm_scale (absolute) must be a real number, finite and > 0, small enough that sm_scale / ln 2
+    is a finite float32."""
+    return _oc.check_positive_scale("sm_scale", sm_scale, limit=_oc.F32_MAX * math.log(2.0))
+
+
+def _is_default_q_scale(q_scale: Any) -> bool:
+    if q_scale is None:
+        return True
+    if isinstance(q_scale, (bool, str, bytes)):
+        return False
+    try:
+        return float(q_scale) == 1.0
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def check_scale_pair(q_scale: Any, sm_scale: Any) -> None:
+    """At most one scale: ``sm_scale`` (absolute) together with a ``q_scale`` other than None / 1.0
+    is a ValueError (the two would contradict each other)."""
+    if sm_scale is not None and not _is_default_q_scale(q_scale):
+        raise ValueError(f"give either q_scale (relative: softmax(q_scale / sqrt(D) * q.k)) or sm_scale (absolute: "
+                         f"softmax(sm_scale * q.k)), not both; got q_scale={q_scale!r}, sm_scale={sm_scale!r} "
+                         "(q_scale = sm_scale * sqrt(D))")
+
+
 def check_num_splits(num_splits: Any) -> int | None:
     return _oc.check_num_splits(num_splits, MAX_SPLITS)
 
@@ -73,8 +106,11 @@ _require_aligned = _oc.require_aligned
 
 
 def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: int | None,
-             names=("q", "kv", "sequence_lengths", "out")) -> GqaProblem:
+             names=("q", "kv", "sequence_lengths", "out"), sm_scale: Any = None) -> GqaProblem:
     """Check every host-visible rule and return the problem description.
+
+    ``sm_scale`` (absolute) replaces ``q_scale`` when given; giving both (q_scale not None / 1.0) is
+    a ValueError (``check_scale_pair``).
 
     ``stream``: the launch stream, handed to non-CuPy producers' ``__dlpack__`` so they order their
     writes before it (None: no handshake, e.g. during graph capture); CuPy producers must already be
@@ -141,5 +177,11 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
         _oc.require_no_grad(ov)
     for v in (qv, kvv):
         _oc.require_no_grad(v)
-    scale = check_q_scale(q_scale, D)
-    return GqaProblem(B, Hq, Hkv, group, C, D, qv.dtype, qv.device, qv, kvv, lv, ov, scale)
+    check_scale_pair(q_scale, sm_scale)
+    if sm_scale is not None:
+        sm = check_sm_scale(sm_scale)
+        scale = sm * math.sqrt(D)
+    else:
+        scale = check_q_scale(q_scale, D)
+        sm = scale / math.sqrt(D)
+    return GqaProblem(B, Hq, Hkv, group, C, D, qv.dtype, qv.device, qv, kvv, lv, ov, scale, sm)

@@ -22,8 +22,8 @@ from . import routes as _routes
 from .args import GQA_FLAG_L2_EVICT_FIRST, GQA_FLAG_L2_PREFETCH
 from .contract import GqaProblem
 
-__all__ = ["args_fields", "build_launch", "default_splits", "flags", "kv_tensor_map", "param_values", "route",
-           "workspace_sizes", "WORKSPACE_ZERO"]
+__all__ = ["args_fields", "build_launch", "default_splits", "flags", "kv_tensor_map", "kv_tensor_spec", "param_values", "route",
+           "scale_log2", "workspace_sizes", "WORKSPACE_ZERO"]
 
 _LN2 = math.log(2.0)
 _routes_cache = BoundedMap(1024)
@@ -62,20 +62,27 @@ def workspace_sizes(problem: GqaProblem, splits: int) -> dict:
             "counters": (bh, "u32")}
 
 
+def kv_tensor_spec(problem: GqaProblem, variant: _routes.Variant) -> TmaSpec:
+    """The KV tensor map's description: dims (D, C, Hkv, 2B) innermost first, one 64-channel x
+    ``tok``-token box, 128-byte swizzle."""
+    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
+    return TmaSpec(
+        dtype=problem.dtype,
+        address=problem.kv.ptr,
+        dims=(D, C, Hkv, 2 * B),
+        strides=(D * 2, C * D * 2, Hkv * C * D * 2),
+        box=(64, variant.tiling.tok, 1, 1),
+        swizzle="128b",
+    )
+
+
 def kv_tensor_map(problem: GqaProblem, variant: _routes.Variant) -> bytes:
     """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
     B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
     key = (problem.device, problem.kv.ptr, B, Hkv, C, D, problem.dtype, variant.tiling.tok)
     hit = _tmaps.get(key)
     if hit is None:
-        hit = _tmaps.put(key, encode_tiled(TmaSpec(
-            dtype=problem.dtype,
-            address=problem.kv.ptr,
-            dims=(D, C, Hkv, 2 * B),
-            strides=(D * 2, C * D * 2, Hkv * C * D * 2),
-            box=(64, variant.tiling.tok, 1, 1),
-            swizzle="128b",
-        )))
+        hit = _tmaps.put(key, encode_tiled(kv_tensor_spec(problem, variant)))
     return hit
 
 
@@ -94,6 +101,13 @@ def flags(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, splits:
     return f
 
 
+def scale_log2(problem: GqaProblem) -> float:
+    """GqaArgs.scale_log2: the absolute softmax scale in the log2 domain (the kernels use exp2).
+    ``problem.sm_scale`` is sm_scale when given, else q_scale / sqrt(D), so both spellings of one
+    scale pack the same float32 (checked in tests/gqa/test_scale_host.py)."""
+    return problem.sm_scale / _LN2
+
+
 def args_fields(problem: GqaProblem, out_ptr: int, ws: Workspace | None, status_ptr: int, splits: int,
                 variant: _routes.Variant, loaded: Loaded) -> dict:
     """The GqaArgs block by field name (gqa/args.py mirrors kernels/gqa/common/args.cuh)."""
@@ -101,7 +115,7 @@ def args_fields(problem: GqaProblem, out_ptr: int, ws: Workspace | None, status_
         "q": problem.q.ptr, "kv": problem.kv.ptr, "out": out_ptr, "lengths": problem.lengths.ptr,
         "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
         "counters": ws.ptr("counters") if ws else 0, "status": status_ptr,
-        "scale_log2": problem.q_scale / math.sqrt(problem.head_dim) / _LN2,
+        "scale_log2": scale_log2(problem),
         "hkv": problem.num_kv_heads, "group": problem.group, "capacity": problem.capacity, "num_splits": splits,
         "flags": flags(problem, variant, loaded, splits),
     }

@@ -85,12 +85,20 @@ BACKEND_FAMILIES = {
 }
 
 # Environment variables that change routing, compiled switches or launch flags (tuning and
-# development only). Every one of them is part of the route and replay keys (tuning_env()).
+# development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE")
+# os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
+# its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
+# here directly on the per-call path. The values are only compared with each other.
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_TUNING_ENV_B = tuple(k.encode() for k in TUNING_ENV)
 
 
 def tuning_env() -> tuple:
+    d = _ENV_BYTES
+    if type(d) is dict:
+        return tuple([d.get(k) for k in _TUNING_ENV_B])
     env = os.environ
     return tuple(env.get(k) for k in TUNING_ENV)
 

@@ -144,8 +144,8 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     two 1..256; V = first 512 channels); block_table int32 [b, max_blocks]; cache_seqlens int32 [b]
     on the device (clamped to [0, max_blocks * page_size]); head_dim_v 512. Returns
     ``(out [b, s_q, h_q, 512], lse fp32 [b, h_q, s_q])`` in q's framework: the natural-log LSE of the
-    scaled logits, +inf with a zero output for rows without keys. ``softmax_scale`` is absolute
-    (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
+    scaled logits, +inf with a zero output for rows without keys. ``softmax_scale`` is absolute:
+    softmax(softmax_scale * q.k) (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
     ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'seesaw_tma', 'narrow16', 'narrow32', 'wgmma',

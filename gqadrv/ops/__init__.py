@@ -1,7 +1,7 @@
 """gqadrv.ops: what every op family is made of, on top of ``gqadrv.runtime``.
 
-Registry base with declared features, kernel load per (variant, device), launch-plan and replay
-caches, the split-workspace pool, ``Prepared`` (a tuple of launch plans) with the one public
+Registry base with declared features, kernel load per (variant, device), launch-plan caches and
+the layout-keyed convenience plans (``layouts``), the split-workspace pool, ``Prepared`` (a tuple of launch plans) with the one public
 ``launch_prepared``, contract helpers, float64 oracle helpers and the benchmark harness.
 
 This floor takes values from an op family (keys, packed arguments, a bench spec) and never

@@ -22,6 +22,8 @@ __all__ = [
     "multi_device",
     "device_scope",
     "driver",
+    "enter_device",
+    "leave_device",
     "driver_version",
     "ensure_init",
     "gpu_status",
@@ -217,3 +219,27 @@ def device_scope(ordinal: int):
     finally:
         if switch:
             check(drv.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
+
+
+_primary_int: dict[int, int] = {}
+
+
+def enter_device(ordinal: int):
+    """Make ``ordinal``'s primary context current; returns the context to restore with
+    ``leave_device`` (None when it already was current). The cheap form of ``device_scope`` for
+    per-launch paths: one cuCtxGetCurrent when nothing has to change."""
+    drv = driver()
+    target = primary_context(ordinal)
+    t = _primary_int.get(ordinal)
+    if t is None:
+        t = _primary_int[ordinal] = int(target)
+    prev = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(prev) == t:
+        return None
+    check(drv.cuCtxSetCurrent(target), "cuCtxSetCurrent")
+    return prev
+
+
+def leave_device(prev) -> None:
+    if prev is not None:
+        check(driver().cuCtxSetCurrent(prev), "cuCtxSetCurrent")

@@ -127,6 +127,21 @@ class ArgPack:
         off, fmt = self.sig.field_offsets[path]
         return struct.unpack_from(fmt, self._view, off)[0]
 
+    def param_offset(self, name: str) -> int:
+        """Byte offset of parameter ``name`` in the packed buffer (for ``patch``)."""
+        return self.sig.offsets[self.sig.names.index(name)]
+
+    def patch(self, offset: int, fmt: str, value) -> None:
+        """Write ``value`` (``struct`` format ``fmt``) at absolute byte ``offset`` of the packed
+        buffer: e.g. the 8 address bytes inside a by-value tensor map (``param_offset`` + k)."""
+        struct.pack_into(fmt, self._view, offset, value)
+
+    def param_bytes(self, name: str) -> bytes:
+        """The packed bytes of one parameter."""
+        i = self.sig.names.index(name)
+        off = self.sig.offsets[i]
+        return bytes(self._view[off:off + self.sig.params[i][1].size])
+
     def pack(self, *values) -> "ArgPack":
         if len(values) != len(self.sig.params):
             raise TypeError(f"{self.sig} takes {len(self.sig.params)} arguments, got {len(values)}")

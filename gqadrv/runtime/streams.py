@@ -15,7 +15,8 @@ from typing import Any
 
 from ..types import StreamLike
 
-__all__ = ["resolve_stream", "default_stream", "is_capturing", "on_stream", "order_inputs", "device_hint"]
+__all__ = ["resolve_stream", "current_stream", "default_stream", "is_capturing", "on_stream", "order_fast",
+           "order_inputs", "device_hint"]
 
 
 def is_capturing(stream: int) -> bool:
@@ -150,3 +151,60 @@ def device_hint(obj: Any) -> int:
         return int(d) if int(t) in (2, 13) else 0
     except Exception:  # noqa: BLE001
         return 0
+
+
+# ----------------------------------------------------------------------------- fast paths
+# Used by repeated convenience calls whose tensors all come from one framework
+# (runtime.tensors.fast_kind): the same streams and the same ordering as ``default_stream`` /
+# ``order_inputs``, without a DLPack capsule per tensor when nothing has to be ordered.
+
+
+def current_stream(kind: str, device: int) -> int:
+    """The default launch stream for tensors of ``kind`` on ``device``: torch's current stream of
+    the device for torch tensors, CuPy's current stream of the device otherwise (as
+    ``default_stream``)."""
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(device))
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        import cupy as cp
+    return int(cp.cuda.get_current_stream(device).ptr)
+
+
+def order_fast(kind: str, tensors: Iterable[Any], device: int, s: int, current: int) -> None:
+    """Order the producers of ``tensors`` (all of ``kind``) before a launch on ``s``; ``current``
+    is ``current_stream(kind, device)`` of this call.
+
+    * CuPy: one event wait when ``s`` is not CuPy's current stream (the producers' stream).
+    * torch: torch's own DLPack handshake (its current stream before ``s``), made once for all
+      tensors, when ``s`` is not torch's current stream of the current device.
+    * JAX: every array that is not ready yet gets JAX's DLPack handshake (XLA makes ``s`` wait for
+      the buffer's definition event).
+    During graph capture no handshake is made (as in ``order_inputs``)."""
+    if kind == "cupy":
+        if s != current and not is_capturing(s):
+            order_cupy(device, s)
+    elif kind == "torch":
+        torch = sys.modules["torch"]
+        if (s != current or torch.cuda.current_device() != device) and not is_capturing(s):
+            for t in tensors:
+                if t is not None:
+                    t.__dlpack__(stream=1 if s == 0 else s)
+                    break
+    elif kind == "jax":
+        pending = []
+        for x in tensors:
+            if x is None:
+                continue
+            ready = getattr(x, "is_ready", None)
+            if ready is None or not ready():
+                pending.append(x)
+        if pending and not is_capturing(s):
+            for x in pending:
+                x.__dlpack__(stream=1 if s == 0 else s)
+    else:
+        raise ValueError(f"unknown tensor kind {kind!r}")

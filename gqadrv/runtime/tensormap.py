@@ -12,7 +12,7 @@ import dataclasses
 
 from . import driver as _drv
 
-__all__ = ["TensorMapError", "TmaSpec", "encode_tiled", "validate_tiled", "ELEMENT_BYTES"]
+__all__ = ["TensorMapError", "TmaSpec", "address_offset", "encode_tiled", "rebase", "validate_tiled", "ELEMENT_BYTES"]
 
 # element size per data type name (there is no FP8 enum: fp8 data is described as uint8)
 ELEMENT_BYTES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
@@ -82,6 +82,10 @@ def validate_tiled(spec: TmaSpec) -> None:
 def encode_tiled(spec: TmaSpec) -> bytes:
     """Validate, encode with the driver, and return the 128 descriptor bytes."""
     validate_tiled(spec)
+    return _encode(spec)
+
+
+def _encode(spec: TmaSpec) -> bytes:
     drv = _drv.driver()
     T = drv.CUtensorMapDataType
     dtype = {
@@ -129,3 +133,55 @@ def encode_tiled(spec: TmaSpec) -> bytes:
         "cuTensorMapEncodeTiled",
     )
     return ctypes.string_at(tm.getPtr(), 128)
+
+
+# ----------------------------------------------------------------------------- rebasing
+# A tensor map embeds its tensor's global address. Re-encoding it for a new address costs a driver
+# call plus ~15 Python objects (10-20 us of host time); the descriptor layout is opaque, but the
+# address is, on the drivers seen so far, one little-endian u64 field. ``address_offset`` learns
+# where once per process by encoding one probe geometry at three addresses and checking that only
+# those 8 bytes differ and that they hold the address; each map to be patched is checked again
+# (its own u64 at that offset must equal the address it was encoded with). Wherever either check
+# fails, callers re-encode (``rebase``): patching is an optimisation, never a guess.
+_PROBE_ADDRESSES = (0x7F12_3456_7890, 0x0001_0203_0400, 0x0058_E0C1_A2F0)  # every byte 0..6 differs
+_offset_state: list = []   # [] = not probed yet; [None] = no patchable field; [k] = byte offset
+
+
+def _probe_offset() -> int | None:
+    try:
+        maps = [encode_tiled(TmaSpec(dtype="float16", address=a, dims=(64, 256, 8, 2),
+                                     strides=(128, 256 * 128, 8 * 256 * 128), box=(64, 32, 1, 1), swizzle="128b"))
+                for a in _PROBE_ADDRESSES]
+    except Exception:  # noqa: BLE001 - no driver, or an encoder that refuses: no patching
+        return None
+    if any(len(m) != 128 for m in maps):
+        return None
+    for k in range(121):
+        if all(int.from_bytes(m[k:k + 8], "little") == a for m, a in zip(maps, _PROBE_ADDRESSES)):
+            rest = {m[:k] + m[k + 8:] for m in maps}
+            return k if len(rest) == 1 else None
+    return None
+
+
+def address_offset(encoded: bytes, address: int) -> int | None:
+    """The byte offset of the global-address field in ``encoded`` (a map encoded for ``address``),
+    or None when this map cannot be patched safely (see above)."""
+    if not _offset_state:
+        _offset_state.append(_probe_offset())
+    k = _offset_state[0]
+    if k is None or len(encoded) != 128:
+        return None
+    if int.from_bytes(encoded[k:k + 8], "little") != address:
+        return None
+    return k
+
+
+def rebase(encoded: bytes, spec: TmaSpec, address: int) -> bytes:
+    """``encoded`` (the map of ``spec``) for a tensor at ``address`` instead of ``spec.address``:
+    patched in place when the address field is known, otherwise encoded again."""
+    if address % 16:
+        raise TensorMapError(f"tensor map global address 0x{address:x} must be 16-byte aligned")
+    k = address_offset(encoded, spec.address)
+    if k is None:
+        return encode_tiled(dataclasses.replace(spec, address=address))
+    return encoded[:k] + address.to_bytes(8, "little") + encoded[k + 8:]

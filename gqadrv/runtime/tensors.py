@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["TensorView", "as_view", "empty", "export_like", "framework_of", "overlaps", "DTYPE_BYTES"]
+__all__ = ["TensorView", "as_view", "empty", "export_like", "fast_kind", "framework_of", "overlaps", "DTYPE_BYTES",
+           "FAST_READERS"]
 
 DTYPE_BYTES = {
     "float16": 2,
@@ -217,3 +218,73 @@ def export_like(arr: Any, like: Any) -> Any:
         if jdl is not None:
             return jdl.from_dlpack(arr)
     return arr
+
+
+# ----------------------------------------------------------------------------- fast readers
+# Repeated convenience calls re-read only what can change between calls of one layout: each
+# tensor's address and device, and the facts that decide whether it still has that layout (shape,
+# strides, dtype). A reader gives ``(layout, address, device)`` from the framework's own cheap
+# attributes, or None when the tensor needs the general (DLPack) path; the caller then validates
+# fully. Frameworks are recognised by exact type, never imported.
+#
+# * CuPy ``ndarray``: ``.data.ptr`` / ``.data.device_id``, shape, byte strides, dtype.
+# * torch ``Tensor``: ``data_ptr()``, ``get_device()``, shape, element strides, dtype; CPU tensors
+#   and tensors that require grad go to the general path (which explains the error).
+# * JAX ``ArrayImpl``: ``__cuda_array_interface__`` (defined for single-device GPU buffers in
+#   row-major order only: anything else raises and takes the general path), the device from
+#   ``__dlpack_device__`` cached per sharding object.
+FAST_READERS: dict[str, Any] = {}
+_FAST_KIND: dict[type, str | None] = {}
+_JAX_DEVICES: dict[Any, int] = {}
+
+
+def _classify(t: type) -> str | None:
+    mod = t.__module__.split(".")[0]
+    name = t.__name__
+    if mod == "cupy" and name == "ndarray":
+        return "cupy"
+    if mod == "torch" and name == "Tensor":
+        return "torch"
+    if mod in ("jax", "jaxlib") and name == "ArrayImpl" and hasattr(t, "__cuda_array_interface__"):
+        return "jax"
+    return None
+
+
+def fast_kind(obj: Any) -> str | None:
+    """'cupy', 'torch' or 'jax' for the exact array types the fast readers know, else None."""
+    t = type(obj)
+    try:
+        return _FAST_KIND[t]
+    except KeyError:
+        k = _FAST_KIND[t] = _classify(t)
+        return k
+
+
+def _read_cupy(a: Any) -> tuple | None:
+    m = a.data
+    return (a.shape, a.strides, a.dtype), m.ptr, m.device_id
+
+
+def _read_torch(t: Any) -> tuple | None:
+    if not t.is_cuda or t.requires_grad:
+        return None
+    return (t.shape, t.stride(), t.dtype), t.data_ptr(), t.get_device()
+
+
+def _read_jax(x: Any) -> tuple | None:
+    cai = x.__cuda_array_interface__
+    if cai.get("strides") is not None:
+        return None
+    sh = x.sharding
+    dev = _JAX_DEVICES.get(sh)
+    if dev is None:
+        t, d = x.__dlpack_device__()
+        if int(t) != _KDL_CUDA:
+            return None
+        if len(_JAX_DEVICES) > 256:
+            _JAX_DEVICES.clear()
+        dev = _JAX_DEVICES[sh] = int(d)
+    return (x.shape, x.dtype), cai["data"][0], dev
+
+
+FAST_READERS.update(cupy=_read_cupy, torch=_read_torch, jax=_read_jax)

@@ -121,7 +121,7 @@ def test_first_convenience_call_is_replayed(tmp_path):
         "q = cp.zeros((1, 32, 128), cp.float16); kv = cp.zeros((1, 2, 8, 300, 128), cp.float16)\n"
         "l = cp.full(1, 300, cp.int32)\n"
         "for _ in range(3): gqadrv.gqa_decode(q, kv, l)\n"
-        "print('entries', len(api._replays))\n"
+        "print('entries', len(api._layouts))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

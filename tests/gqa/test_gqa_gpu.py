@@ -135,15 +135,16 @@ def test_convenience_replays_follow_device_data_and_every_key_part(monkeypatch):
     kv = rng.standard_normal((2, 2, 4, 2000, 128)).astype(np.float16)
     dq, dkv = cp.asarray(q), cp.asarray(kv)
     dlen = cp.asarray(np.array([2000, 700], np.int32))
-    n0 = len(api._replays)
+    api._layouts.clear()  # entries are per layout: an earlier test may have left this one
+    n0 = len(api._layouts)
     first = gqadrv.gqa_decode(dq, dkv, dlen)
-    assert len(api._replays) == n0 + 1
+    assert len(api._layouts) == n0 + 1
     for lens in ([2000, 700], [5, 1999], [0, 2000], [2001, 1]):
         dlen.set(np.array(lens, np.int32))
         got = gqadrv.gqa_decode(dq, dkv, dlen)
         assert got is not first and got.data.ptr != dq.data.ptr
         check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q, kv, np.array(lens)), "float16", f"replay {lens}")
-    assert len(api._replays) == n0 + 1  # all of them replays
+    assert len(api._layouts) == n0 + 1  # all of them replays
     dq[0, 0, :] = 0  # values are device data too
     q2 = q.copy()
     q2[0, 0, :] = 0
@@ -162,10 +163,10 @@ def test_convenience_replays_follow_device_data_and_every_key_part(monkeypatch):
     s.synchronize()
     check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q2, kv, lens), "float16", "replay stream=")
     monkeypatch.setenv("GQADRV_BACKEND", "portable")
-    n1 = len(api._replays)
+    n1 = len(api._layouts)
     for _ in range(2):
         got = gqadrv.gqa_decode(dq, dkv, dlen)
-    assert len(api._replays) == n1 + 1
+    assert len(api._layouts) == n1 + 1
     check(cp.asnumpy(got).astype(np.float64), gqa_decode_reference(q2, kv, lens), "float16", "replay portable")
     with pytest.raises(ValueError, match="q_scale"):  # an invalid call never becomes a replay
         gqadrv.gqa_decode(dq, dkv, dlen, q_scale=-1.0)

@@ -1,0 +1,159 @@
+"""Convenience-call plans keyed by layout: a repeated call whose tensors have the same layout
+(shapes, strides, dtypes, device, framework) and the same scalars, backend, tuning environment and
+stream re-launches the plan built the first time, with new tensor addresses patched in.
+
+The op builds the key and the entry (plans, which struct field holds which tensor's address, the
+alignment each needs, the byte span each covers, tensor maps that embed an address); this module
+re-checks and patches addresses and launches. What the first call validated still holds for a new
+address of the same layout except what depends on the address itself, and that is checked again
+at every call whose addresses differ from the entry's last ones:
+
+* alignment (``aligns``: 16 bytes for TMA / vector loads, 4 for the lengths);
+* aliasing: the output's byte span must not overlap any input's;
+* tensor maps are re-based to the new address (``runtime.tensormap.rebase``: the address field is
+  patched when its place in the descriptor is known and verified, else the map is encoded again).
+
+A call that fails a check is refused (``bind`` returns False) and the op runs its full validation,
+which raises the documented error: nothing is launched with an unchecked address.
+Patching and launching happen under the entry's lock, so threads sharing an entry cannot
+interleave their arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..runtime import driver as _drv
+from ..runtime import tensormap as _tm
+from ..runtime.module import LaunchPlan
+from .bounded import BoundedMap
+
+__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot"]
+
+_encoded = BoundedMap(256)   # (spec, address) -> 128 bytes, for maps whose address field is not patchable
+
+
+class TmapSlot:
+    """A by-value tensor-map parameter (``param`` of plan ``plan``) describing tensor ``slot``."""
+
+    __slots__ = ("encoded", "field", "param", "plan", "slot", "spec")
+
+    def __init__(self, plan: int, param: str, slot: int, spec: _tm.TmaSpec, encoded: bytes):
+        self.plan, self.param, self.slot, self.spec, self.encoded = plan, param, slot, spec, encoded
+        self.field = _tm.address_offset(encoded, spec.address)   # byte offset of the address, or None
+
+    def apply(self, plans: tuple[LaunchPlan, ...], address: int) -> None:
+        args = plans[self.plan].args
+        if self.field is not None:
+            args.patch(args.param_offset(self.param) + self.field, "<Q", address)
+            return
+        key = (self.spec, address)
+        data = _encoded.get(key)
+        if data is None:
+            data = _encoded.put(key, _tm.rebase(self.encoded, self.spec, address))
+        args.set(self.param, data)
+
+
+class LayoutEntry:
+    """One validated layout: its plans and how each tensor's address enters them.
+
+    ``fields[i]``: (plan index, struct field) pairs that hold tensor i's address; ``aligns[i]``: its
+    required alignment; ``spans[i]``: (lo, hi) byte offsets of its extent relative to its address;
+    ``out_slot``: the output's index (its span must not overlap the others); ``tmaps``: tensor maps
+    to re-base when their tensor moves; ``ptrs``: the addresses of the last launch."""
+
+    __slots__ = (
+        "aligns",
+        "device",
+        "fields",
+        "keep",
+        "lock",
+        "out_dtype",
+        "out_shape",
+        "out_slot",
+        "plans",
+        "ptrs",
+        "spans",
+        "stream",
+        "tmaps",
+    )
+
+    def __init__(self, plans: tuple[LaunchPlan, ...], fields: tuple, aligns: tuple[int, ...],
+                 spans: tuple[tuple[int, int], ...], out_slot: int | None, tmaps: tuple[TmapSlot, ...],
+                 ptrs: tuple[int, ...], device: int, stream: int, keep: tuple = (), out_shape: tuple = (),
+                 out_dtype: Any = None):
+        if not (len(fields) == len(aligns) == len(spans) == len(ptrs)):
+            raise ValueError("fields, aligns, spans and ptrs must describe the same tensors")
+        self.plans, self.fields, self.aligns, self.spans = tuple(plans), tuple(fields), tuple(aligns), tuple(spans)
+        self.out_slot, self.tmaps, self.ptrs = out_slot, tuple(tmaps), tuple(ptrs)
+        self.device, self.stream, self.keep = device, stream, keep
+        self.out_shape, self.out_dtype = tuple(out_shape), out_dtype
+        self.lock = threading.Lock()
+
+    def check(self, ptrs: tuple[int, ...]) -> bool:
+        """Whether ``ptrs`` satisfy the address-dependent rules (alignment, no output overlap)."""
+        for p, a in zip(ptrs, self.aligns):
+            if p % a:
+                return False
+        o = self.out_slot
+        if o is not None:
+            spans = self.spans
+            po = ptrs[o]
+            lo, hi = po + spans[o][0], po + spans[o][1]
+            for i, p in enumerate(ptrs):
+                if i != o and p + spans[i][0] < hi and lo < p + spans[i][1]:
+                    return False
+        return True
+
+    def bind(self, ptrs: tuple[int, ...]) -> bool:
+        """Check ``ptrs`` and patch the ones that changed; False (nothing patched) when a check
+        fails. Call with ``lock`` held, and launch under the same hold."""
+        old = self.ptrs
+        if ptrs == old:
+            return True
+        if len(ptrs) != len(old) or not self.check(ptrs):
+            return False
+        plans = self.plans
+        for i, p in enumerate(ptrs):
+            if p != old[i]:
+                for pi, field in self.fields[i]:
+                    plans[pi].args.set_field(field, p)
+                for t in self.tmaps:
+                    if t.slot == i:
+                        t.apply(plans, p)
+        self.ptrs = ptrs
+        return True
+
+    def launch(self) -> None:
+        """Launch every plan on the entry's stream, with its device's context current in processes
+        that see several GPUs. Call with ``lock`` held."""
+        if _drv.multi_device():
+            prev = _drv.enter_device(self.device)
+            try:
+                for p in self.plans:
+                    p.launch()
+            finally:
+                _drv.leave_device(prev)
+        else:
+            for p in self.plans:
+                p.launch()
+
+
+class LayoutCache:
+    """key -> LayoutEntry, bounded (oldest entries evicted first)."""
+
+    def __init__(self, maxsize: int = 1024):
+        self._map = BoundedMap(maxsize)
+
+    def get(self, key) -> LayoutEntry | None:
+        return self._map.get(key)
+
+    def remember(self, key, entry: LayoutEntry) -> LayoutEntry:
+        return self._map.put(key, entry)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def clear(self) -> None:
+        self._map.clear()
