@@ -39,6 +39,7 @@ from typing import Any, cast
 
 from .gqa.api import gqa_decode as _gqa_decode
 from .mla.api import flash_mla_with_kvcache as _flash_mla
+from .runtime.driver import device_scope
 
 __all__ = ["flash_mla_with_kvcache", "gqa_decode"]
 
@@ -62,14 +63,15 @@ def _sds(shape: tuple[int, ...], dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
 
 
-def _cuda_stream(ctx: Any, first_input: Any) -> int:
-    """JAX's CUDA stream for this execution; a clear error where the buffers are not CUDA memory
-    (XLA's CPU backend has no stream: the callback would fail with an opaque FFI error)."""
-    dev_type, _ = first_input.__dlpack_device__()
+def _cuda_target(ctx: Any, first_input: Any) -> tuple[int, int]:
+    """(JAX's CUDA stream of this execution, the buffers' device ordinal); a clear error where the
+    buffers are not CUDA memory (XLA's CPU backend has no stream: the callback would otherwise fail
+    with an opaque FFI error)."""
+    dev_type, ordinal = first_input.__dlpack_device__()
     if int(dev_type) != _KDL_CUDA:
         raise ValueError("gqadrv.jax runs on CUDA devices only; this computation was placed on a non-CUDA "
                          f"backend (DLPack device type {int(dev_type)}): put the arrays on a GPU")
-    return int(ctx.stream)
+    return int(ctx.stream), int(ordinal)
 
 
 # ----------------------------------------------------------------------------- GQA decode
@@ -81,8 +83,10 @@ def _gqa_callable(shape: tuple[int, ...], dtype: Any, q_scale: float, sm_scale: 
     scale_kw = {} if sm_scale is None else {"sm_scale": sm_scale}
 
     def run(ctx: Any, out: Any, q: Any, kv: Any, lengths: Any) -> None:
-        _gqa_decode(q, kv, lengths, out=out, q_scale=q_scale, stream=_cuda_stream(ctx, q), backend=backend,  # type: ignore[arg-type]
-                    **scale_kw)
+        stream, ordinal = _cuda_target(ctx, q)
+        with device_scope(ordinal):  # the callback runs on an XLA thread: XLA's context
+            _gqa_decode(q, kv, lengths, out=out, q_scale=q_scale, stream=stream,
+                        backend=backend, **scale_kw)  # type: ignore[arg-type]
 
     return cast("Callable[..., Any]", buffer_callback(run, _sds(shape, dtype)))
 
@@ -112,8 +116,10 @@ def _mla_callable(q_shape: tuple[int, ...], dtype: Any, head_dim_v: int, num_spl
 
     def run(ctx: Any, outs: Any, q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any) -> None:
         out, lse = outs
-        _flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, None, num_splits, softmax_scale, causal,
-                   out=out, lse=lse, stream=_cuda_stream(ctx, q), backend=backend)  # type: ignore[arg-type]
+        stream, ordinal = _cuda_target(ctx, q)
+        with device_scope(ordinal):  # the callback runs on an XLA thread: XLA's context
+            _flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, None, num_splits, softmax_scale, causal,
+                       out=out, lse=lse, stream=stream, backend=backend)  # type: ignore[arg-type]
 
     return cast("Callable[..., Any]", buffer_callback(run, result))
 
