@@ -40,7 +40,9 @@ def _imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-FLOOR = {"runtime": 0, "_version": 0, "types": 0, "ops": 1, "gqa": 2, "mla": 2, "merge": 2, "cli": 3, "__main__": 4}
+# torch / jax: the framework integrations (gqadrv.torch, gqadrv.jax) sit beside the cli, above the families.
+FLOOR = {"runtime": 0, "_version": 0, "types": 0, "ops": 1, "gqa": 2, "mla": 2, "merge": 2, "cli": 3, "torch": 3,
+         "jax": 3, "__main__": 4}
 
 
 def _floor(mod: str) -> int | None:
