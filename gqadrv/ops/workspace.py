@@ -2,8 +2,11 @@
 
 ``alloc`` gives a prepared launch its own workspace; ``pooled`` shares one per (device, stream)
 among convenience calls (launches on one stream are ordered, and the kernels leave their counters
-at zero). A pooled workspace that must grow is retired, not freed: launches already enqueued may
-still use it. It is released once an event recorded behind them has completed.
+at zero). A pooled workspace that must grow is retired and kept for the life of the process, never
+freed: launches already enqueued may still use it, and so may a CUDA graph captured with it (torch,
+CuPy or cuda-python capture of a convenience call), which can be replayed at any later time. Growth
+doubles every buffer, so the retired workspaces of one (device, stream) together hold less memory
+than the current one.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import dataclasses
 import threading
 
 from ..runtime import driver as _drv
-from ..runtime.streams import on_stream
 
 __all__ = ["Workspace", "alloc", "pooled"]
 
@@ -52,7 +54,7 @@ def alloc(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
 
 
 _pool: dict = {}
-_retired: list = []   # (workspace, event) pairs: freed when the event has completed
+_retired: list = []   # grown-out workspaces, kept alive (captured graphs may still address them)
 _lock = threading.Lock()
 
 
@@ -66,20 +68,9 @@ def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace
         ws = _pool.get(key)
         if ws is not None and ws.fits(sizes):
             return ws
-        _release_finished()
         grown = {k: (max(n, ws.sizes.get(k, 0) * 2) if ws else n, dt) for k, (n, dt) in sizes.items()}
         new = alloc(device, stream, grown, zero)
         if ws is not None:
-            import cupy
-
-            with on_stream(stream, device):
-                ev = cupy.cuda.Event(block=False, disable_timing=True)
-                ev.record()
-            _retired.append((ws, ev))
+            _retired.append(ws)
         _pool[key] = new
         return new
-
-
-def _release_finished() -> None:
-    keep = [(w, e) for (w, e) in _retired if not e.done]
-    _retired[:] = keep

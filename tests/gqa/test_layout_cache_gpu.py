@@ -154,9 +154,9 @@ def test_streams_are_part_of_the_key():
 
 def test_workspace_growth_keeps_earlier_plans_valid():
     """Split launches share a pooled workspace per (device, stream); when it grows, the old one is
-    retired and later freed. A remembered plan still points at the old workspace, so it must keep
-    it alive: otherwise its counters would be reused memory (here: all bits set) and the split
-    merge would never run."""
+    retired and kept (captured graphs may still address it). A remembered plan still points at the
+    old workspace: were it freed, its counters would be reused memory (here: all bits set) and the
+    split merge would never run."""
     import cupy as cp
 
     import gqadrv
@@ -166,7 +166,7 @@ def test_workspace_growth_keeps_earlier_plans_valid():
     for q, kv, lens in small:
         gqadrv.gqa_decode(cp.asarray(q), cp.asarray(kv), cp.asarray(lens))
     dev, s = cp.cuda.Device().id, cp.cuda.get_current_stream().ptr
-    for n in (1 << 22, 1 << 23):  # grow twice: the second growth frees the first retired workspace
+    for n in (1 << 22, 1 << 23):  # grow twice: both earlier workspaces are retired
         _ws.pooled(dev, s, {"ws_o": (n, "f32"), "ws_ml": (n // 16, "f32"), "counters": (1 << 14, "u32")},
                    ("counters",))
         cp.cuda.Device().synchronize()
