@@ -75,6 +75,7 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     bad = 0
     for backend, splits, s_q, page in (("seesaw_tma", 1, 1, 64), ("seesaw_tma", 3, 2, 128), ("seesaw_tma", 2, 1, 256),
                                        ("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
+                                       ("narrow16_tma", 3, 1, 64), ("narrow32_tma", 1, 2, 128),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,

@@ -22,6 +22,8 @@ Variants (all read the same arguments, write the same outputs and merge splits i
   "seesaw_tma" the seesaw schedule with every K half tile loaded by one TMA from one producer thread
               (no proxy fences; rows past the split's end zeroed by the consumers); pages of 64..256 tokens
               whose k_cache a CUtensorMap can describe (``tma_eligible``). The H200 default for those.
+  "narrow16_tma" / "narrow32_tma" the narrow kernels with every piece loaded by TMA from one producer
+              thread (same page / layout conditions).
   "narrow16"  sm_90a, wgmma with the 64 tokens of a tile as M (S^T = K Q^T, O^T += V^T P^T); 16 rows
               per CTA, one consumer warpgroup + one producer warpgroup, a 25-piece (200 KB) cp.async ring.
               For M <= 16 (memory-bound, e.g. h_q 16 s_q 1).
@@ -137,7 +139,12 @@ class KernelVariant:
     arches: tuple           # targets it compiles for
     max_rows: int | None    # largest M = s_q * h_q / h_kv it is meant for (None: any)
     doc: str = ""
-    tma: bool = False       # takes (CUtensorMap k_map, MlaDecodeArgs): K tiles by TMA (tma_eligible pages)
+    tma_boxes: tuple = ()   # TMA variants: channel blocks per box of each CUtensorMap parameter (k_tensor_maps)
+
+    @property
+    def tma(self) -> bool:
+        """Takes (CUtensorMap..., MlaDecodeArgs) and loads K by TMA (tma_eligible caches only)."""
+        return bool(self.tma_boxes)
 
     def defines(self, dtype: str, watchdog: bool = False) -> dict:
         d = {"MLA_DT": DTYPES[_dtype_name(dtype)], "MLA_SMEM_BYTES": self.smem_bytes, **dict(self.fixed_defines)}
@@ -154,7 +161,8 @@ KERNELS = {
     "seesaw_tma": KernelVariant(
         "seesaw_tma", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_tma", 384, 64, SEESAW_SMEM_BYTES,
         (("MLA_TMA_K", 1),), ("sm_90a",), None,
-        "the seesaw schedule with K half tiles by TMA from one producer thread; pages of 64..256 tokens", tma=True),
+        "the seesaw schedule with K half tiles by TMA from one producer thread; pages of 64..256 tokens",
+        tma_boxes=(4, 5)),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
@@ -163,6 +171,16 @@ KERNELS = {
         "narrow32", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 32,
         _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32)), ("sm_90a",), 32,
         "as narrow16 with 32 rows per CTA; 16 < M <= 32"),
+    "narrow16_tma": KernelVariant(
+        "narrow16_tma", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow_tma", 256, 16,
+        _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16), ("MLA_TMA_K", 1)), ("sm_90a",), 16,
+        "narrow16 with every piece loaded by TMA from one producer thread; pages of 64..256 tokens",
+        tma_boxes=(1,)),
+    "narrow32_tma": KernelVariant(
+        "narrow32_tma", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow_tma", 256, 32,
+        _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32), ("MLA_TMA_K", 1)), ("sm_90a",), 32,
+        "narrow32 with every piece loaded by TMA from one producer thread; pages of 64..256 tokens",
+        tma_boxes=(1,)),
     "wgmma": KernelVariant(
         "wgmma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 1),), ("sm_90a",), None,
         "original kernel, wgmma, no overlap between phases"),
@@ -251,14 +269,15 @@ def tma_eligible(page_size: int, k_ptr: int, k_strides: tuple, num_blocks: int) 
             and 1 <= num_blocks < 2**31)
 
 
-def k_tensor_maps(page_size: int, h_kv: int, num_blocks: int, k_strides: tuple) -> list[dict]:
-    """The two tensor maps of k_cache the TMA seesaw reads (k_lo, k_hi): 5-D (64 channels, page
-    tokens, 9 channel blocks, h_kv, num_blocks) innermost first, byte strides (token, 128 B, head,
-    page), boxes (64, 64, 4, 1, 1) and (64, 64, 5, 1, 1), 128-byte swizzle. One box is channel blocks
-    0..3 or 4..8 of a 64-token tile, laid out as the kernel's 64-row x 128 B swizzled blocks."""
+def k_tensor_maps(page_size: int, h_kv: int, num_blocks: int, k_strides: tuple, boxes: tuple = (4, 5)) -> list[dict]:
+    """The tensor maps of k_cache a TMA variant reads, one per entry of ``boxes`` (its KernelVariant's
+    ``tma_boxes``): 5-D (64 channels, page tokens, 9 channel blocks, h_kv, num_blocks) innermost
+    first, byte strides (token, 128 B, head, page), box (64, 64, n, 1, 1), 128-byte swizzle. One box
+    is n channel blocks of a 64-token tile laid out as the kernels' 64-row x 128 B swizzled blocks:
+    the seesaw's k_lo / k_hi (n = 4, 5: channel blocks 0..3 / 4..8), the narrow kernels' k_cb (n = 1)."""
     dims = (64, page_size, NCB, h_kv, num_blocks)
     strides = (k_strides[1] * 2, 128, k_strides[2] * 2, k_strides[0] * 2)
-    return [{"dims": dims, "strides": strides, "box": (64, 64, n, 1, 1)} for n in (4, 5)]
+    return [{"dims": dims, "strides": strides, "box": (64, 64, n, 1, 1)} for n in boxes]
 
 
 def choose_variant(s_q: int, h_q: int, h_kv: int, arch: str = "sm_90a") -> str:

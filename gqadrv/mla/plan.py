@@ -41,14 +41,15 @@ def tma_ok(problem: MlaProblem) -> bool:
     return _ks.tma_eligible(problem.page_size, k.ptr, tuple(k.strides[:3]), problem.num_blocks)
 
 
-def k_tensor_maps(problem: MlaProblem) -> tuple[bytes, bytes]:
-    """The two 128-byte CUtensorMaps (k_lo, k_hi) of k_cache for the TMA seesaw, encoded once per
-    (address, geometry)."""
+def k_tensor_maps(problem: MlaProblem, boxes: tuple = (4, 5)) -> tuple[bytes, ...]:
+    """The 128-byte CUtensorMaps of k_cache for a TMA family (one per entry of its ``tma_boxes``),
+    encoded once per (address, geometry, boxes)."""
     k = problem.k_cache
-    key = (problem.device, k.ptr, problem.dtype, problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides))
+    key = (problem.device, k.ptr, problem.dtype, problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides),
+           boxes)
     hit = _tmaps.get(key)
     if hit is None:
-        maps = _ks.k_tensor_maps(problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides[:3]))
+        maps = _ks.k_tensor_maps(problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides[:3]), boxes)
         hit = _tmaps.put(key, tuple(encode_tiled(TmaSpec(dtype=problem.dtype, address=k.ptr, dims=g["dims"],
                                                          strides=g["strides"], box=g["box"], swizzle="128b"))
                                     for g in maps))
@@ -56,8 +57,8 @@ def k_tensor_maps(problem: MlaProblem) -> tuple[bytes, bytes]:
 
 
 def param_values(problem: MlaProblem, variant: _routes.MlaVariant, fields: dict) -> tuple:
-    """The kernel's parameter values in signature order: (k_lo, k_hi, args) for TMA families, else (args,)."""
-    return (*k_tensor_maps(problem), fields) if variant.family.tma else (fields,)
+    """The kernel's parameter values in signature order: (tensor maps..., args) for TMA families, else (args,)."""
+    return (*k_tensor_maps(problem, variant.family.tma_boxes), fields) if variant.family.tma else (fields,)
 
 
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:

@@ -21,7 +21,7 @@ import dataclasses
 from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
 from . import kernel_spec as _ks
-from .args import SIG, SIG_TMA
+from .args import SIG, SIG_TMA, SIG_TMA1
 
 __all__ = ["BACKENDS", "FAMILIES", "MlaFamily", "MlaVariant", "backend_for_cc", "default_splits", "select_variant",
            "variants_for_arch"]
@@ -33,12 +33,17 @@ FEATURES = frozenset({"dense_kv", "paged_kv", "fp16", "bf16", "causal", "lse", "
 class MlaFamily(KernelFamily):
     block_m: int = 64             # packed query rows per CTA
     max_rows: int | None = None   # largest M = s_q * h_q / h_kv the kernel serves (None: any)
-    tma: bool = False             # first parameter is the CUtensorMap of k_cache (kernel_spec.tma_eligible)
+    tma_boxes: tuple = ()         # TMA families: channel blocks per box of each CUtensorMap parameter
+
+    @property
+    def tma(self) -> bool:
+        """The first parameters are CUtensorMaps of k_cache (kernel_spec.tma_eligible caches only)."""
+        return bool(self.tma_boxes)
 
 
 FAMILIES = {
-    name: MlaFamily(name, k.source, k.entry, k.arches, SIG_TMA if k.tma else SIG, FEATURES, block_m=k.block_m,
-                    max_rows=k.max_rows, tma=k.tma)
+    name: MlaFamily(name, k.source, k.entry, k.arches, {0: SIG, 1: SIG_TMA1, 2: SIG_TMA}[len(k.tma_boxes)], FEATURES,
+                    block_m=k.block_m, max_rows=k.max_rows, tma_boxes=k.tma_boxes)
     for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)

@@ -6,7 +6,7 @@ appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 
 causal on/off, bf16/fp16, splits auto / 1 / 7, and the backends in turn: the default route
 (on the H200 seesaw_tma for pages >= 64, the cp.async seesaw for smaller pages), the cp.async seesaw
 forced, mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q / h_kv fits
-them.
+them (their TMA builds narrow16_tma / narrow32_tma on every other such case with pages >= 64).
 Inputs are made non-contiguous (q, k_cache and block_table are slices of wider arrays).
 """
 
@@ -54,6 +54,7 @@ class MlaCase:
 
 def grid() -> list[MlaCase]:
     out = []
+    n_big: dict = {}  # narrow cases with pages >= 64 so far, per kernel
     for i in range(N_CASES):
         b = BATCHES[i % 4]
         L = LENGTHS[(i * 3) % 7]
@@ -64,10 +65,15 @@ def grid() -> list[MlaCase]:
             h_q, h_kv = 16, 1
         s_q = S_QS[(i // 4) % 3]
         backend = (None, "seesaw", "mma", "wgmma", "narrow")[i % 5]
+        page = PAGES[(i * 5) % 6]
         if backend == "narrow":
             m = s_q * (h_q // h_kv)
             backend = "narrow16" if m <= 16 else ("narrow32" if m <= 32 else None)
-        out.append(MlaCase(i, b, s_q, h_q, h_kv, L, PAGES[(i * 5) % 6], bool((i // 3) % 2),
+            if backend and page >= 64:
+                n_big[backend] = n_big.get(backend, 0) + 1
+                if n_big[backend] % 2:
+                    backend += "_tma"  # every other such case: the TMA narrow kernels (pages of 64..256)
+        out.append(MlaCase(i, b, s_q, h_q, h_kv, L, page, bool((i // 3) % 2),
                            ("bfloat16", "float16")[(i // 7) % 2], SPLITS[(i // 2) % 3], backend))
     return out
 

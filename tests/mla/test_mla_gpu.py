@@ -58,15 +58,16 @@ def _graph_case(seed=0, b=4, h_q=64, page=16, L=2000):
     return rng, q, k, bt, ln
 
 
+@pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("splits", [None, 1, 5])
-def test_cupy_graph_replay_follows_lengths_and_block_table(splits):
+def test_cupy_graph_replay_follows_lengths_and_block_table(splits, page):
     """One prepared object captured in a CuPy graph; lengths and the block table change in place
     between replays (including 0, 1 and the capacity), and every replay matches the oracle."""
     import cupy as cp
 
     import gqadrv
 
-    rng, q, k, bt, ln = _graph_case()
+    rng, q, k, bt, ln = _graph_case(page=page)
     dq, dk, dbt, dl = cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln)
     o = cp.full((4, 1, 64, 512), np.nan, q.dtype)
     lse = cp.empty((4, 64, 1), cp.float32)
@@ -76,13 +77,13 @@ def test_cupy_graph_replay_follows_lengths_and_block_table(splits):
         st.begin_capture()
         gqadrv.launch_prepared(p)
         g = st.end_capture()
-    cap = bt.shape[1] * 16
+    cap = bt.shape[1] * page
     for state in ([2000, 2000, 2000, 2000], [0, 1, cap, 17], [5, 1999, 0, 640], [cap + 9, -4, 333, 1]):
         ln2 = np.array(state, np.int32)
         bt2 = bt.copy()
         for i in range(4):  # shuffle each request's used pages (the table changes in place too)
-            n = -(-min(max(int(ln2[i]), 0), cap) // 16)
-            n0 = -(-int(ln[i]) // 16)
+            n = -(-min(max(int(ln2[i]), 0), cap) // page)
+            n0 = -(-int(ln[i]) // page)
             if n <= n0:
                 bt2[i, :n] = rng.permutation(bt[i, :n])
         dl.set(ln2)
@@ -91,6 +92,59 @@ def test_cupy_graph_replay_follows_lengths_and_block_table(splits):
         st.synchronize()
         ro, rl = mla_decode_reference(q, k, bt2, ln2, 512, None, False)
         check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", "graph replay")
+
+
+_TMA_EDGES = [  # (backend, page, b, s_q, h_q, lengths, splits, causal): partial last tiles, empty and
+    # over-capacity lengths, splits whose ends fall inside a page, pages of 64..256 tokens
+    ("seesaw_tma", 64, 3, 1, 64, [65, 0, 10**6], None, False),
+    ("seesaw_tma", 128, 2, 2, 128, [127, 4096 + 17], 3, True),
+    ("seesaw_tma", 256, 4, 1, 16, [1, 255, 257, -5], 2, False),
+    ("seesaw_tma", 64, 1, 4, 32, [64 * 7 + 1], 5, True),
+    ("narrow16_tma", 64, 3, 1, 16, [65, 0, 1000], None, False),
+    ("narrow16_tma", 256, 2, 1, 8, [300, 4097], 3, False),
+    ("narrow32_tma", 128, 2, 2, 16, [129, 63], 2, True),
+    ("narrow32_tma", 64, 2, 1, 32, [10**6, 1], None, False),
+]
+
+
+@pytest.mark.parametrize("case", _TMA_EDGES, ids=lambda c: f"{c[0]}-p{c[1]}-h{c[4]}s{c[3]}-S{c[6]}")
+def test_tma_routes_edges(case):
+    """The TMA kernels (forced) on pages of 64..256 tokens: rows past each split's end come from real
+    pages poisoned with NaN and must be zeroed; lengths <= 0 and > capacity; every input strided."""
+    import cupy as cp
+
+    import gqadrv
+
+    backend, page, b, s_q, h_q, lens, splits, causal = case
+    rng = np.random.default_rng(page + h_q + b)
+    cap_blocks = -(-max(min(int(x), 4096 + 64) for x in lens) // page) if max(lens) > 0 else 1
+    q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, "bfloat16", max_blocks=max(cap_blocks, 1))
+    dq, dk, dbt = strided_inputs(q, k, bt)
+    p = gqadrv.prepare_mla_decode(dq, dk, dbt, cp.asarray(ln), 512, causal=causal, num_splits=splits,
+                                  backend=backend)
+    assert p.route.startswith(f"mla_decode_{backend}_")
+    o, lse = gqadrv.launch_prepared(p)
+    o2, lse2 = gqadrv.launch_prepared(p)  # counters reset by the last CTA of each unit
+    cp.cuda.Device().synchronize()
+    ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"tma {backend}")
+    assert cp.array_equal(o, o2) and cp.array_equal(lse, lse2)
+
+
+def test_default_route_is_tma_for_large_pages_only():
+    import cupy as cp
+
+    import gqadrv
+
+    rng = np.random.default_rng(3)
+    for page, want in ((64, "seesaw_tma"), (256, "seesaw_tma"), (32, "seesaw"), (1, "seesaw")):
+        q, k, bt, ln = make_case(rng, 2, 1, 64, 1, page, [300, 70], "bfloat16")
+        p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512)
+        assert p.route == f"mla_decode_{want}_bfloat16", (page, p.route)
+    with pytest.raises(ValueError, match="TMA-describable"):
+        q, k, bt, ln = make_case(rng, 2, 1, 64, 1, 16, [300, 70], "bfloat16")
+        gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                  backend="seesaw_tma")
 
 
 def test_torch_interop_and_torch_graph():

@@ -82,6 +82,18 @@ def test_argument_block_layout_matches_the_header():
 def test_routes():
     assert routes.select_variant((9, 0), "bfloat16", 128).family.name == "seesaw"
     assert routes.select_variant((9, 0), "bfloat16", 16).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "bfloat16", 128, None, True).family.name == "seesaw_tma"
+    assert routes.select_variant((9, 0), "bfloat16", 128, "seesaw", True).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "bfloat16", 16, "narrow16_tma", True).family.name == "narrow16_tma"
+    with pytest.raises(ValueError, match="TMA-describable"):
+        routes.select_variant((9, 0), "bfloat16", 128, "seesaw_tma", False)
+    ks = kernel_spec
+    assert ks.tma_eligible(64, 256, (73728, 1152, 576), 10) and not ks.tma_eligible(32, 256, (36864, 1152, 576), 10)
+    assert not ks.tma_eligible(64, 8, (73728, 1152, 576), 10)  # base not 16-byte aligned
+    assert not ks.tma_eligible(64, 256, (73728, 1156, 578), 10)  # strides not multiples of 16 bytes
+    maps = ks.k_tensor_maps(64, 2, 10, (147456, 1152, 576))
+    assert [m["box"] for m in maps] == [(64, 64, 4, 1, 1), (64, 64, 5, 1, 1)]
+    assert maps[0]["dims"] == (64, 64, 9, 2, 10) and maps[0]["strides"] == (2304, 128, 1152, 294912)
     assert routes.select_variant((9, 0), "float16", 16, "mma").family.name == "mma"
     assert routes.select_variant((9, 0), "float16", 16, "narrow16").family.name == "narrow16"
     assert routes.select_variant((10, 0), "bfloat16", 128).family.name == "mma"
@@ -128,6 +140,7 @@ def test_grid_covers_the_axes():
     assert {c.page for c in cases} == {1, 16, 32, 64, 128, 256} and {c.causal for c in cases} == {True, False}
     assert {c.lengths for c in cases} == {"0", "1", "63", "64", "65", "4096", "ragged"}
     assert {c.dtype for c in cases} == {"bfloat16", "float16"}
-    assert {c.backend for c in cases} == {None, "seesaw", "mma", "wgmma", "narrow16", "narrow32"}
+    assert {c.backend for c in cases} == {None, "seesaw", "mma", "wgmma", "narrow16", "narrow32", "narrow16_tma",
+                                          "narrow32_tma"}
     # the default route on the H200 is seesaw_tma for pages >= 64 and the cp.async seesaw below
     assert {c.page for c in cases if c.backend is None} == {1, 16, 32, 64, 128, 256}

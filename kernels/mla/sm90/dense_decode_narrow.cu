@@ -36,6 +36,16 @@
 //           MLA_NSLOT - 9 pieces (>= 14, 112 KB) in flight while a tile is computed.
 // Masking   as dense_decode.cu (scaled logits of keys >= the row's limit -> -1e33, running max from
 //           -1e30); K/V rows >= tok_end are zero-filled, so NaN in unused cache pages never reaches O.
+// TMA mode  (MLA_TMA_K=1, entry mla_dense_decode_narrow_tma(k_cb, args); pages of 64..256 tokens):
+//           k_cb is the 5-D CUtensorMap of k_cache (64 channels, page tokens, 9 channel blocks, h_kv,
+//           num_blocks) with box (64, 64, 1, 1, 1), 128B swizzle: one TMA writes one piece. One
+//           producer thread (warp 4, lane 0; the other producer threads exit) waits empty[slot] and
+//           issues arrive.expect_tx(8 KB) on full[slot] (count 1) + the TMA, piece by piece in ring
+//           order, reading each tile's block-table entry one tile ahead. The consumer needs no proxy
+//           fence after a full wait (one after the Q wait: Q is still copied with cp.async). Rows >=
+//           tok_end of the split's last tile come from a real page and may hold anything, so the
+//           consumer zeroes them in pieces 0..7 of that tile (after its S^T, before its O^T update;
+//           the fence and barrier after the P stores cover those writes).
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
 #include "../common/decode_util.cuh"
@@ -77,6 +87,9 @@ static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSLOT * PIECE, "merge weights mus
 static_assert(OFF_P % 1024 == 0 && OFF_RING % 1024 == 0 && QCB % 1024 == 0, "swizzle atoms are 1 KB aligned");
 
 constexpr int BAR_C = 1;  // named barrier of the consumer warpgroup (128 threads)
+#ifndef MLA_TMA_K
+#define MLA_TMA_K 0  // 1: pieces by TMA from one producer thread (header comment)
+#endif
 
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)slot; }
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)(NSLOT + slot); }
@@ -121,8 +134,13 @@ GQADRV_DEVICE void pv_step(float (&ot)[NACC], u32 piece, u32 p_base, int kk) {
 }  // namespace narrow
 }  // namespace mla
 
+#if MLA_TMA_K
+extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
+    mla_dense_decode_narrow_tma(const __grid_constant__ TmaDesc k_cb, const __grid_constant__ MlaDecodeArgs a) {
+#else
 extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     mla_dense_decode_narrow(const __grid_constant__ MlaDecodeArgs a) {
+#endif
   using namespace mla;
   using namespace mla::narrow;
   const int tid = threadIdx.x;
@@ -136,9 +154,15 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   const int M = a.m_rows, row0 = mb * NQ;
 
   if (tid == 0) {
+#if MLA_TMA_K
+    tma_prefetch_desc(&k_cb);
+    constexpr u32 FULL_COUNT = 1;  // one arrive.expect_tx per piece
+#else
+    constexpr u32 FULL_COUNT = 128;  // every producer thread
+#endif
 #pragma unroll 1
     for (int i = 0; i < NSLOT; ++i) {
-      mbar_init(full_bar(sb, i), 128);
+      mbar_init(full_bar(sb, i), FULL_COUNT);
       mbar_init(empty_bar(sb, i), 4);
     }
     mbar_init(q_bar(sb), 128);
@@ -161,6 +185,31 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     // per piece: row 16 pw + 4 q + (lane >> 3), unit lane & 7). One producer warp alone (the first
     // version) could not keep enough copies in flight: 2.1 TB/s against 4 TB/s for the seesaw's
     // producer warpgroup; four warps issue a quarter each.
+#if MLA_TMA_K
+    if (t_beg < t_end && warp == 4 && lane == 0) {
+      auto page_of = [&](int tile) { return __ldg(bt_row + ((tile * 64) >> a.page_shift)); };
+      int cur = page_of(t_beg);
+      int slot = 0;
+      u32 ph = 0;
+#pragma unroll 1
+      for (int tile = t_beg; tile < t_end; ++tile) {
+        const int nxt = tile + 1 < t_end ? page_of(tile + 1) : 0;  // one tile ahead
+        const int off = (tile * 64) & (a.page_size - 1);
+#pragma unroll 1
+        for (int c = 0; c < NCB; ++c) {
+          mbar_wait_wd(empty_bar(sb, slot), ph ^ 1u);
+          mbar_arrive_expect_tx(full_bar(sb, slot), PIECE);
+          tma_load_5d(slot_addr(sb, slot), &k_cb, full_bar(sb, slot), 0, off, c, kvh, cur);
+          if (++slot == NSLOT) {
+            slot = 0;
+            ph ^= 1u;
+          }
+        }
+        cur = nxt;
+      }
+    }
+    return;
+#endif
     if (t_beg < t_end) {
       const int pw = warp - 4;
       const int u = lane & 7, rsub = lane >> 3;
@@ -245,6 +294,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
       cp_async_mbar_arrive_noinc(q_bar(sb));
     }
     mbar_wait_wd(q_bar(sb), 0);
+#if MLA_TMA_K
+    fence_proxy_async_smem();  // Q (cp.async, generic proxy) before the first wgmma reads it
+#endif
 
     float st[NACC], st1[NACC];
     int qslot = 0;  // ring position of the next piece to compute S^T with
@@ -253,7 +305,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 #pragma unroll 1
       for (int c = 0; c < NCB; ++c) {
         mbar_wait_wd(full_bar(sb, qslot), qph);
+#if !MLA_TMA_K
         cpasync_to_wgmma_fence();
+#endif
         wgmma_fence();
         qk_piece(st, st1, slot_addr(sb, qslot), sb + OFF_Q + (u32)c * QCB, c == 0);
         if (++qslot == NSLOT) {
@@ -347,6 +401,16 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
             ot[m][4 * j + e] *= alpha[j][e];
             ot[m][4 * j + 2 + e] *= alpha[j][e];
           }
+#if MLA_TMA_K
+      if ((tile + 1) * 64 > tok_end) {  // rows >= tok_end of pieces 0..7 (their S^T is complete)
+        const int first = tok_end - tile * 64;
+#pragma unroll 1
+        for (int i = tid; i < 8 * 64 * 8; i += 128) {
+          const int m = i >> 9, r = (i >> 3) & 63, u = i & 7;
+          if (r >= first) sts_zero16(slot_addr(sb, base + m < NSLOT ? base + m : base + m - NSLOT) + swz(r, u));
+        }
+      }
+#endif
       fence_proxy_async_smem();
       named_bar_sync(BAR_C, 128);  // P complete; every red[] read done before the next tile's writes
 
