@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any
 
 from ..runtime.tensors import TensorView, overlaps
@@ -76,9 +77,18 @@ def require_no_overlap(out: TensorView, inputs: tuple) -> None:
 
 
 def require_writable(v: TensorView) -> None:
-    if v.framework == "jax":
+    """A ``jax.Array`` is immutable and cannot be an output. Other objects of JAX's modules, such
+    as the writable output buffers that ``jax.experimental.buffer_callback`` hands to a callback
+    (gqadrv.jax), are accepted."""
+    if v.framework == "jax" and _is_jax_array(v.obj):
         raise ValueError(f"{v.name} is a JAX array, and JAX arrays are immutable: omit {v.name} and use the "
                          "returned array")
+
+
+def _is_jax_array(obj: Any) -> bool:
+    jax = sys.modules.get("jax")
+    array_type = getattr(jax, "Array", None) if jax is not None else None
+    return array_type is None or isinstance(obj, array_type)
 
 
 def require_no_grad(v: TensorView) -> None:
