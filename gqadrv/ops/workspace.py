@@ -15,6 +15,7 @@ import dataclasses
 import threading
 
 from ..runtime import driver as _drv
+from ..runtime.streams import relaxed_capture_mode
 
 __all__ = ["Workspace", "alloc", "pooled"]
 
@@ -41,7 +42,9 @@ def alloc(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
     import cupy
 
     arrays, ptrs, counts, nbytes = {}, {}, {}, 0
-    with cupy.cuda.Device(device):
+    # allowed during graph capture (a convenience call's first use of a capture stream); the
+    # counters' memset below is then part of the graph, which is harmless (they are zero anyway)
+    with cupy.cuda.Device(device), relaxed_capture_mode():
         for name, (n, dt) in sizes.items():
             a = cupy.empty(max(int(n), 1), dtype=_DTYPES[dt])
             arrays[name], ptrs[name], counts[name] = a, int(a.data.ptr), int(a.size)

@@ -9,6 +9,7 @@ imported), otherwise CuPy's current stream.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +18,25 @@ from ..types import StreamLike
 
 __all__ = ["resolve_stream", "current_stream", "default_stream", "is_capturing", "on_stream", "order_fast",
            "order_inputs", "device_hint"]
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """Let this thread allocate device memory while one of its streams is being captured into a CUDA
+    graph: the thread's capture-interaction mode is switched to relaxed for the block
+    (``cuThreadExchangeStreamCaptureMode``) and restored after. Under torch's default
+    ``capture_error_mode="global"`` a cudaMalloc would otherwise end the capture with an error.
+    The memory is not part of any graph: gqadrv keeps what it allocates this way alive (workspaces
+    are never freed, outputs belong to the caller)."""
+    from .driver import check, driver
+
+    drv = driver()
+    prev = check(drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
+                 "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        check(drv.cuThreadExchangeStreamCaptureMode(prev), "cuThreadExchangeStreamCaptureMode")
 
 
 def is_capturing(stream: int) -> bool:

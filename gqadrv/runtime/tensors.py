@@ -196,10 +196,13 @@ def _np_dtype(dtype: str):
 
 
 def empty(shape: tuple[int, ...], dtype: str, device: int):
-    """A new CuPy array on ``device``."""
+    """A new CuPy array on ``device`` (allowed while a stream of this thread is being captured:
+    streams.relaxed_capture_mode)."""
     import cupy
 
-    with cupy.cuda.Device(device):
+    from .streams import relaxed_capture_mode
+
+    with cupy.cuda.Device(device), relaxed_capture_mode():
         return cupy.empty(shape, dtype=_np_dtype(dtype))
 
 
