@@ -339,3 +339,21 @@ def test_wheel_ships_and_compiles_its_kernels(tmp_path):
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok")
+
+
+def test_constraints_pin_only_declared_dependencies():
+    """constraints/tested-h200.txt pins the tested set of gqadrv's own dependencies (nothing else),
+    each with a version specifier."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower() for d in deps}
+    pins = [ln.strip() for ln in (root / "constraints" / "tested-h200.txt").read_text().splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+    names = {re.split(r"[<>=!~;\[ ]", p, maxsplit=1)[0].lower() for p in pins}
+    assert pins and names <= declared, names - declared
+    assert {"cuda-bindings", "cuda-core", "cupy-cuda13x", "nvidia-cuda-nvrtc"} <= names
+    assert all(re.search(r"(==|<|>)", p) for p in pins), pins
