@@ -647,18 +647,22 @@ def run(agents: dict, machine: Machine, named_counts: dict, max_steps=2_000_000)
 
 
 # ----------------------------------------------------------------------------- seesaw
-def seesaw_model(npairs: int, seed: int) -> None:
+def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False, False)) -> None:
     """Transcription of dense_decode_seesaw.cu (one CTA, npairs >= 1 pairs, tiles 0 .. 2 npairs - 1):
     producer warpgroup + two consumer warpgroups. Blocks: ('K', slot, cb) for the two slots' 9
-    channel blocks (('K', 0, 8) doubles as sP0), ('P1',), ('Q',), scalars ('sM',), ('sSc0',), ('sSc1',)."""
+    channel blocks (('K', 0, 8) doubles as sP0), ('P1',), ('Q',), scalars ('sM',), ('sSc0',), ('sSc1',).
+    ``tma``: the MLA_TMA_K=1 build (one full barrier per half tile, completed when the half's
+    loads are done); ``tail``: (even, odd) tile of the last pair partly valid, so the consumers
+    zero its rows past the split's end in the V blocks they read (the writes must find no wgmma
+    group or load in flight on those blocks)."""
     m = Machine(random.Random(seed))
     for s_ in range(2):
         for c in range(9):
-            m.init_mbar(("full", s_, c), 1)   # 128 producer threads modelled as one arrival
+            m.init_mbar(("full", s_, c), 1)   # 128 producer threads (or the TMA thread) as one arrival
         for h in range(2):
             m.init_mbar(("empty", s_, h), 1)  # 4 consumer warps modelled as one
     m.init_mbar("q", 1)
-    FULL = lambda s_, c: ("full", s_, c)  # noqa: E731
+    FULL = (lambda s_, c: ("full", s_, 0 if c < 4 else 4)) if tma else (lambda s_, c: ("full", s_, c))  # noqa: E731
     EMPTY = lambda s_, h: ("empty", s_, h)  # noqa: E731
     KB = lambda s_, c: ("K", s_, c)  # noqa: E731
     Q = [(("Q",), ("q",))]
@@ -671,7 +675,10 @@ def seesaw_model(npairs: int, seed: int) -> None:
         def fill(slot, c0, c1, tile):
             for c in range(c0, c1):
                 yield ("load", KB(slot, c), ("tile", tile, c))
-                yield ("noinc", FULL(slot, c))
+                if not tma:
+                    yield ("noinc", FULL(slot, c))
+            if tma:  # one TMA per half: its barrier completes when every block of the half landed
+                yield ("noinc", FULL(slot, c0))
 
         for it in range(npairs):
             T0, pe = 2 * it, (it & 1) ^ 1
@@ -696,6 +703,9 @@ def seesaw_model(npairs: int, seed: int) -> None:
             yield ("write", ("sM",), ("m0", it), "wg0 sM")
             yield ("write", ("sSc0",), ("a0", it), "wg0 sSc0")
             yield ("nb_arrive", 1)
+            if tma and not nxt and tail[0]:
+                for c in range(4):
+                    yield ("write", KB(0, c), ("tile", T0, c), f"wg0 it{it} zero tail rows K0 cb{c}")
             yield ("gemm", [(KB(0, c), ("tile", T0, c)) for c in range(4)], f"wg0 it{it} RS P0 V0L")
             yield ("wait_group", 0)
             if nxt:
@@ -707,6 +717,9 @@ def seesaw_model(npairs: int, seed: int) -> None:
             yield ("nb_sync", 4)
             for c in range(4):
                 yield ("wait", FULL(1, c), ph)
+            if tma and not nxt and tail[1]:
+                for c in range(4):
+                    yield ("write", KB(1, c), ("tile", T0 + 1, c), f"wg0 it{it} zero tail rows K1 cb{c}")
             yield ("gemm", [(("P1",), ("P1", it))] + [(KB(1, c), ("tile", T0 + 1, c)) for c in range(4)],
                    f"wg0 it{it} SS sP1 V1L")
             if nxt:
@@ -736,10 +749,16 @@ def seesaw_model(npairs: int, seed: int) -> None:
             yield ("write", ("sSc1",), ("a1", it), "wg1 sSc1")
             yield ("nb_arrive", 2)
             yield ("write", ("P1",), ("P1", it), f"wg1 it{it} sP1 store")
+            if tma and not nxt and tail[1]:
+                for c in range(4, 8):
+                    yield ("write", KB(1, c), ("tile", T1, c), f"wg1 it{it} zero tail rows K1 cb{c}")
             yield ("gemm", [(KB(1, c), ("tile", T1, c)) for c in range(4, 8)], f"wg1 it{it} RS P1 V1R")
             yield ("nb_sync", 3)
             for c in range(4, 8):
                 yield ("wait", FULL(0, c), ph)
+            if tma and not nxt and tail[0]:
+                for c in range(4, 8):
+                    yield ("write", KB(0, c), ("tile", T1 - 1, c), f"wg1 it{it} zero tail rows K0 cb{c}")
             yield ("gemm", [(KB(0, 8), ("P0", it))] + [(KB(0, c), ("tile", T1 - 1, c)) for c in range(4, 8)],
                    f"wg1 it{it} SS sP0 V0R")
             yield ("nb_arrive", 4)
@@ -825,6 +844,13 @@ def protocol_model(seeds: int = 40) -> list[str]:
             except ModelError as exc:
                 problems.append(f"seesaw npairs {npairs} seed {seed}: {exc}")
                 break
+        for tail in ((False, False), (True, False), (False, True)):  # seesaw_tma, with / without tail zeroing
+            for seed in range(seeds):
+                try:
+                    seesaw_model(npairs, seed, tma=True, tail=tail)
+                except ModelError as exc:
+                    problems.append(f"seesaw_tma npairs {npairs} tail {tail} seed {seed}: {exc}")
+                    break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):
             for seed in range(seeds // 2):
