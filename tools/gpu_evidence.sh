@@ -3,7 +3,10 @@
 # the GPU test suite, the benchmark with the peers (FlashInfer wheels carried in .whl/), per-CTA
 # traces of the long single-wave rows, a split/route sweep and Nsight Compute on the rows that miss
 # their targets. Summaries go to $OUT (default ./evidence); steps can be picked: tests bench trace tune ncu
-# (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes).
+# (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes), and for MLA: mla_bench (the MLA
+# table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
+# folder), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
+# (compute-sanitizer memcheck + racecheck over the MLA routes). Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
@@ -19,6 +22,14 @@ for step in $STEPS; do
   tests) python3 -m pytest -q -m gpu --timeout=150 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
          tail -5 "$OUT/tests.log" > "$OUT/tests.txt"; rm -f "$OUT/tests.log" ;;
   bench) python3 -m gqadrv bench --no-geometry --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 ;;
+  mla_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --reps 10 \
+               --json "$OUT/mla_bench.json" > "$OUT/mla_bench.txt" 2>&1 ;;
+  mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
+  mla_sanitize) for t in memcheck racecheck; do
+                  compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
+                    python3 tools/sanitize_routes.py --mla-only > "$OUT/mla_$t.log" 2>&1
+                  echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/mla_$t.log"
+                done > "$OUT/mla_sanitize.txt" 2>&1 ;;
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
   tune)  python3 benchmarks/tune.py --configs base,portable --shapes "1,32768" "1,4096,[3968]" \
            --small-splits 8,16,31 --large-splits 8,12,16,24,33 --reps 10 > "$OUT/tune.txt" 2>&1 ;;
@@ -35,3 +46,4 @@ for step in $STEPS; do
   esac
 done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
+tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
