@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import sys
 
-from ..ops.bench import BenchSpec, Timer, log
+from ..ops.bench import BenchSpec, Timer, best_peer_times, log, speedup_cell
 
 SEED_SHAPES = ["1,64,[1]", "4,256,[64;127;191;256]", "1,1024,[1024]", "1,4096,[3968]"]
 LARGE_SHAPES = ["1,32768", "16,4096", "64,4096", "128,8192", "256,2048"]
@@ -240,25 +240,21 @@ def format_table(meta: dict, rows: list) -> str:
             out.append(f"| {r['shape']} | error: {g.get('error', '?')[:80]} |")
             continue
         tbps = r["kv_bytes"] / (g["hot_us"] * 1e-6) / 1e12
-        peers = {k: v for k, v in res.items() if not k.startswith("gqadrv") and "hot_us" in v}
-        best_hot = min((v["hot_us"] for v in peers.values()), default=None)
-        best_cold = min((v["cold_us"] for v in peers.values()), default=None)
+        best_hot, best_cold = best_peer_times(res)
 
         def cell(name):
             v = res.get(name, {})
             return f"{v['hot_us']:.2f}" if "hot_us" in v else "-"
 
         bc = f"{best_cold:.2f}" if best_cold else "-"
-        xh = f"{best_hot / g['hot_us']:.2f}" if best_hot else "-"
-        xc = f"{best_cold / g['cold_us']:.2f}" if best_cold else "-"
+        xh, xc = speedup_cell(best_hot, g["hot_us"]), speedup_cell(best_cold, g["cold_us"])
         out.append(f"| {r['shape']} | {g['hot_us']:.2f} | {g['cold_us']:.2f} | {tbps:.2f} | {100 * tbps / ceil:.1f} | "
                    f"{cell('flashinfer')} | {cell('flashinfer_tc')} | {cell('torch_sdpa')} | {bc} | {xh} | {xc} | "
                    f"{g['route']} / {g['num_splits']} |")
         pt = res.get("gqadrv_portable", {})
         if "hot_us" in pt:
             ptb = r["kv_bytes"] / (pt["hot_us"] * 1e-6) / 1e12
-            xh_p = f"{best_hot / pt['hot_us']:.2f}" if best_hot else "-"
-            xc_p = f"{best_cold / pt['cold_us']:.2f}" if best_cold else "-"
+            xh_p, xc_p = speedup_cell(best_hot, pt["hot_us"]), speedup_cell(best_cold, pt["cold_us"])
             out.append(f"|   portable | {pt['hot_us']:.2f} | {pt['cold_us']:.2f} | {ptb:.2f} | {100 * ptb / ceil:.1f} | | | | | "
                        f"{xh_p} | {xc_p} | {pt['route']} / {pt['num_splits']} |")
         for k, v in res.items():

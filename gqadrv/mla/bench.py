@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..ops.bench import BenchSpec, Timer, log
+from ..ops.bench import BenchSpec, Timer, best_peer_times, log, speedup_cell
 
 ROWS = ([(128, 1, h, L, "uniform") for h in (128, 64, 16) for L in (4096, 8192, 16384, 32768)]
         + [(128, 2, h, 8192, "uniform") for h in (64, 128)] + [(128, 1, 128, 8192, "varlen"), (128, 1, 16, 8192, "varlen")])
@@ -140,9 +140,8 @@ def format_table(meta: dict, rows: list) -> str:
             v = res.get(name, {})
             return f"{v['hot_us']:.1f} / {v['hot_TFLOPS']:.0f} / {v['hot_TBps']:.2f}" if "hot_us" in v else "-"
 
-        peers = [v for k, v in res.items() if k != "gqadrv" and "hot_us" in v]
-        xh = f"{min(v['hot_us'] for v in peers) / g['hot_us']:.2f}" if peers else "-"
-        xc = f"{min(v['cold_us'] for v in peers) / g['cold_us']:.2f}" if peers else "-"
+        best_hot, best_cold = best_peer_times(res)
+        xh, xc = speedup_cell(best_hot, g["hot_us"]), speedup_cell(best_cold, g["cold_us"])
         out.append(f"| {r['shape']} | {g['hot_us']:.1f} | {g['hot_TFLOPS']:.0f} | {g['hot_TBps']:.2f} | "
                    f"{g['cold_us']:.1f} | {peer('flashmla')} | {peer('flashinfer')} | {xh} | {xc} | "
                    f"{g['route']} / {g['num_splits']} |")

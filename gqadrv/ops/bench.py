@@ -112,6 +112,18 @@ class Timer:
         return statistics.median(ts)
 
 
+def best_peer_times(res: dict) -> tuple[float | None, float | None]:
+    """The fastest hot and cold times (µs) among a row's peers: every result not named ``gqadrv*``
+    that has timings; None where no peer ran."""
+    peers = [v for k, v in res.items() if not k.startswith("gqadrv") and "hot_us" in v]
+    return (min((v["hot_us"] for v in peers), default=None), min((v["cold_us"] for v in peers), default=None))
+
+
+def speedup_cell(peer_us: float | None, ours_us: float) -> str:
+    """gqadrv's speed over a peer's as a table cell (peer time / gqadrv time), '-' without a peer."""
+    return f"{peer_us / ours_us:.2f}" if peer_us else "-"
+
+
 def stream_read_ceiling(gib: float) -> dict:
     """The HBM streaming-read bandwidth of device 0 (int4 loads, grid-stride), best over 4 grids."""
     import cupy as cp

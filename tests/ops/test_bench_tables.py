@@ -1,0 +1,49 @@
+"""The bench tables (GQA and MLA) from synthetic rows: best-peer speed ratios, rows without peers,
+error rows. CPU only: the formatting does not touch the GPU."""
+
+from __future__ import annotations
+
+from gqadrv.gqa import bench as gqa_bench
+from gqadrv.mla import bench as mla_bench
+from gqadrv.ops.bench import best_peer_times, speedup_cell
+
+META = {"gpu": "H200", "cc": "9.0", "sms": 132, "ceiling_TBps": 4.56, "graph_calls": 20}
+
+
+def _t(hot, cold, **kw):
+    return {"hot_us": hot, "cold_us": cold, **kw}
+
+
+def test_best_peer_times_ignore_gqadrv_results_and_failed_peers():
+    res = {"gqadrv": _t(1.0, 1.0), "gqadrv_portable": _t(0.5, 0.5), "a": _t(3.0, 9.0), "b": _t(4.0, 7.0),
+           "c": {"error": "no wheel"}}
+    assert best_peer_times(res) == (3.0, 7.0)
+    assert best_peer_times({"gqadrv": _t(1.0, 1.0)}) == (None, None)
+    assert speedup_cell(3.0, 2.0) == "1.50" and speedup_cell(None, 2.0) == "-"
+
+
+def test_gqa_table():
+    rows = [{"shape": "1,64", "kv_bytes": 1e6, "results": {
+                "gqadrv": _t(2.4, 5.5, route="short", num_splits=1), "flashinfer": _t(2.2, 5.8),
+                "flashinfer_tc": _t(5.2, 8.7), "torch_sdpa": _t(7.5, 13.8),
+                "gqadrv_portable": _t(3.0, 6.0, route="portable", num_splits=2)}},
+            {"shape": "4,256", "kv_bytes": 2e6, "results": {"gqadrv": _t(3.7, 9.1, route="tma", num_splits=1)}},
+            {"shape": "x", "kv_bytes": 1, "results": {"gqadrv": {"error": "boom"}}}]
+    lines = gqa_bench.format_table(META, rows).splitlines()
+    assert lines[3] == "| 1,64 | 2.40 | 5.50 | 0.42 | 9.1 | 2.20 | 5.20 | 7.50 | 5.80 | 0.92 | 1.05 | short / 1 |"
+    assert lines[4] == "|   portable | 3.00 | 6.00 | 0.33 | 7.3 | | | | | 0.73 | 0.97 | portable / 2 |"
+    assert lines[5] == "| 4,256 | 3.70 | 9.10 | 0.54 | 11.9 | - | - | - | - | - | - | tma / 1 |"
+    assert lines[6] == "| x | error: boom |"
+
+
+def test_mla_table():
+    def m(hot, cold, **kw):
+        return _t(hot, cold, hot_TFLOPS=500.0, hot_TBps=2.0, cold_TFLOPS=480.0, cold_TBps=1.9, **kw)
+
+    rows = [{"shape": "b128", "results": {"gqadrv": m(271.7, 290.3, route="seesaw_tma", num_splits=1),
+                                          "flashmla": m(240.1, 260.5), "flashinfer": m(261.5, 291.8)}},
+            {"shape": "b128 s_q2", "results": {"gqadrv": m(561.7, 590.6, route="seesaw_tma", num_splits=1)}}]
+    lines = mla_bench.format_table(META, rows).splitlines()
+    assert lines[3] == ("| b128 | 271.7 | 500 | 2.00 | 290.3 | 240.1 / 500 / 2.00 | 261.5 / 500 / 2.00 | 0.88 | 0.90 | "
+                        "seesaw_tma / 1 |")
+    assert lines[4] == "| b128 s_q2 | 561.7 | 500 | 2.00 | 590.6 | - | - | - | - | seesaw_tma / 1 |"
