@@ -5,8 +5,8 @@ goes": 171 µs in the bench's graph against 150 µs on a stream at h_q 16, L 409
 For each shape it times the same prepared launch (the route ``prepare_mla_decode`` picks):
 
 * ``stream``: N launches back to back on torch's current stream, between two events;
-* ``graph``:  a torch CUDA graph of N launches (captured on a side stream, as ``gqadrv bench`` does),
-  replayed between two events;
+* ``graph``:  a torch CUDA graph of N launches, timed by ``gqadrv bench``'s own hot timer
+  (``gqadrv.ops.bench.Timer.hot``), so the number is the bench's;
 
 each with the plan's programmatic dependent launch attribute on (``pdl``, what gqadrv uses) and off
 (``nopdl``: a copy of the plan without the attribute), and with the bench's inputs (block table
@@ -66,29 +66,6 @@ def _time_stream(torch, fn, n: int, reps: int) -> float:
     return statistics.median(ts)
 
 
-def _time_graph(torch, fn, n: int, reps: int) -> float:
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=side):
-            for _ in range(n):
-                fn()
-    torch.cuda.synchronize()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3 / n)
-    return statistics.median(ts)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="*", default=["16,4096", "16,8192", "128,4096", "128,8192"],
@@ -103,7 +80,10 @@ def main() -> int:
     import torch
 
     import gqadrv
+    from gqadrv.ops.bench import Timer
     from gqadrv.runtime.module import LaunchPlan
+
+    timer = Timer(args.calls, args.reps)
 
     rows = []
     for shape in args.shapes:
@@ -121,7 +101,7 @@ def main() -> int:
             row = {"h_q": h_q, "L": L, "inputs": kind, "route": p.route, "splits": p.num_splits}
             for name, lp in (("pdl", plan), ("nopdl", plain)):
                 row[f"stream_{name}_us"] = _time_stream(torch, launch(lp), args.calls, args.reps)
-                row[f"graph_{name}_us"] = _time_graph(torch, launch(lp), args.calls, args.reps)
+                row[f"graph_{name}_us"] = timer.hot(launch(lp), True)
             rows.append(row)
             print(f"h_q {h_q:3d} L {L:6d} {kind:5s} {p.route}: stream pdl {row['stream_pdl_us']:8.1f}  "
                   f"stream nopdl {row['stream_nopdl_us']:8.1f}  graph pdl {row['graph_pdl_us']:8.1f}  "

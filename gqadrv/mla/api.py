@@ -164,11 +164,9 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     splits = _splits(problem, variant, num_splits, tile_scheduler_metadata)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
     ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
-    grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
-                                            variant.family.name)
-    fields = _plan.args_fields(problem, variant, o_strides, o_ptr, l_ptr, ws, splits)
-    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
-                  _plan.param_values(problem, variant, fields), problem.device)
+    grid, block, smem, values = _plan.launch_parts(problem, variant, out_strides=o_strides, out_ptr=o_ptr,
+                                                   lse_ptr=l_ptr, ws=ws, splits=splits)
+    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, problem.device)
     o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return o, lo
 

@@ -18,7 +18,7 @@ from . import routes as _routes
 from .contract import MlaProblem
 
 __all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "k_tensor_maps",
-           "param_values", "route", "tma_ok", "workspace_sizes"]
+           "launch_parts", "param_values", "route", "tma_ok", "workspace_sizes"]
 
 WORKSPACE_ZERO = ("counters",)
 _routes_cache = BoundedMap(256)
@@ -111,10 +111,19 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
     }
 
 
-def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loaded, *, out_strides: tuple,
-                 out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int, stream: int) -> LaunchPlan:
+def launch_parts(problem: MlaProblem, variant: _routes.MlaVariant, *, out_strides: tuple, out_ptr: int,
+                 lse_ptr: int, ws: Workspace | None, splits: int) -> tuple[tuple, tuple, int, tuple]:
+    """(grid, block, dynamic smem, parameter values in signature order) of one launch: what the
+    prepared plan packs once and the convenience call packs into its cached plan."""
     grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
                                             variant.family.name)
     fields = args_fields(problem, variant, out_strides, out_ptr, lse_ptr, ws, splits)
-    pack = ArgPack(variant.family.signature).pack(*param_values(problem, variant, fields))
-    return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)
+    return grid, block, smem, param_values(problem, variant, fields)
+
+
+def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loaded, *, out_strides: tuple,
+                 out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int, stream: int) -> LaunchPlan:
+    grid, block, smem, values = launch_parts(problem, variant, out_strides=out_strides, out_ptr=out_ptr,
+                                             lse_ptr=lse_ptr, ws=ws, splits=splits)
+    return LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=stream,
+                      pdl=True)

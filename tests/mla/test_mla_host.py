@@ -165,3 +165,17 @@ def test_layout_and_barrier_protocol_models():
         m = mod.Machine(mod.random.Random(0))
         m.gemm("wg0", [(("K", 0, 0), None)], "qk")
         m.write(("K", 0, 0), "zero", "early zero")
+
+
+def test_launch_parts_of_a_cp_async_route():
+    """plan.launch_parts (shared by the prepared and the convenience launch): the variant's grid,
+    block and smem, and the argument block as args_fields builds it (non-TMA family: no tensor map)."""
+    from gqadrv.mla import plan
+
+    p = run(good())
+    v = routes.select_variant((9, 0), "float16", p.m_rows, "seesaw")
+    grid, block, smem, values = plan.launch_parts(p, v, out_strides=(HQ * 512, HQ * 512, 512), out_ptr=0x1000,
+                                                  lse_ptr=0x2000, ws=None, splits=3)
+    assert (grid, block, smem) == kernel_spec.launch_geometry(B, SQ, HQ, HKV, 3, "seesaw")
+    assert values == (plan.args_fields(p, v, (HQ * 512, HQ * 512, 512), 0x1000, 0x2000, None, 3),)
+    assert values[0]["num_splits"] == 3 and values[0]["out"] == 0x1000 and values[0]["lse"] == 0x2000
