@@ -24,25 +24,63 @@ GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
   *reinterpret_cast<U32x4*>(dst) = p;
 }
 
+// Where a CTA's merged softmax states go: the output rows (and their natural-log LSE), or this
+// split's fp32 partials in the split workspace plus the ticket of its unit. Filled by the kernels'
+// wrappers (cta_epilogue below for GqaArgs, paged_epilogue in paged.cuh).
+//   output row of state row r:  MULTI = false: out_row0 + r
+//                               MULTI = true:  g = first_row + r, j = g / group,
+//                                              out_row0 + j * row_step + g % group
+//   (row units of D elements; the LSE index is the same row index)
+//   workspace slot of row r:    (unit * S + split) * ws_rows + r
+struct EpilogueTarget {
+  u16* out;
+  float* lse;          // natural-log LSE per output row (+inf for a row without keys), or null
+  float* ws_o;         // split partial numerators (S > 1)
+  float* ws_ml;        // split {max (log2 domain), denominator} pairs
+  u32* counters;       // one arrival ticket per unit, zero between launches
+  void* trace;         // GQA_TRACE builds: the trace buffer (kernels/common/trace.cuh)
+  long long out_row0;
+  long long unit;
+  int split, S;
+  int rows;            // state rows written (rows >= this are padding)
+  int ws_rows;         // rows per (unit, split) in the workspace
+  int first_row, group, row_step;  // MULTI mapping
+  bool fixed_order;    // merge the splits one after another (batch-invariant results)
+};
+#if GQA_TRACE
+#define GQA_MARK_T(t, i) GQADRV_TRACE_STAMP((t).trace, i)
+#else
+#define GQA_MARK_T(t, i) GQADRV_TRACE_NOP()
+#endif
+
+template <bool MULTI>
+GQADRV_DEVICE long long target_row(const EpilogueTarget& t, int r) {
+  if constexpr (!MULTI) {
+    return t.out_row0 + r;
+  } else {
+    const int g = t.first_row + r, j = g / t.group;
+    return t.out_row0 + (long long)j * t.row_step + (g - j * t.group);
+  }
+}
+
+// Natural-log LSE of a merged state (m in the log2 domain, l its denominator); +inf without keys.
+GQADRV_DEVICE float state_lse(float m, float l) {
+  return l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : __int_as_float(0x7f800000);
+}
+
 // Merge the W softmax states in `area` (W = states, e.g. one per warp), then either store the
 // normalised output (one split) or this split's partial and take part in the last-CTA merge. Must
 // be called by all NTHREADS threads of the CTA after a __syncthreads() that follows every
 // store_state(). NTHREADS defaults to one warp per state. Kernels whose route never splits
 // (num_splits == 1 always, routes.Family.splittable) pass SPLITS = false: no merge is compiled.
-template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
-GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true, bool MULTI = false>
+GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_ticket) {
   using MA = MergeArea<D, ROWS, W>;
   constexpr int D8 = D / 8;
   const int tid = threadIdx.x;
-  const int group = a.group;
+  const int group = tg.rows;
   const int items = group * D8;
-  const int S = SPLITS ? a.num_splits : 1;
-  const long long out_row0 = (long long)sc.b * a.hkv * group + (long long)sc.kvh * group;
-#if !GQA_TRACE
-  // Status word, written here (after every input load was issued) so no store precedes the loads.
-  if (a.status != nullptr && sc.kvh == 0 && sc.split == 0 && tid == 0)
-    a.status[sc.b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
-#endif
+  const int S = SPLITS ? tg.S : 1;
 
   for (int it = tid; it < items; it += NTHREADS) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
@@ -72,15 +110,17 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
     }
     if (S == 1) {
       const float inv = den > 0.f ? 1.f / den : 0.f;
-      store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, inv);
+      const long long orow = target_row<MULTI>(tg, row);
+      store_row8<DT>(tg.out + orow * D + d0, acc, inv);
+      if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(M, den);
     } else {
-      const long long slot = ((long long)sc.bh * S + sc.split) * group + row;
+      const long long slot = (tg.unit * S + tg.split) * tg.ws_rows + row;
       if (d0 == 0) {
-        a.ws_ml[2 * slot] = M;
-        a.ws_ml[2 * slot + 1] = den;
+        tg.ws_ml[2 * slot] = M;
+        tg.ws_ml[2 * slot + 1] = den;
       }
       {  // written even for an empty split (zeros), so the merge never reads unwritten memory
-        float* dst = a.ws_o + slot * D + d0;
+        float* dst = tg.ws_o + slot * D + d0;
         *reinterpret_cast<U32x4*>(dst) = U32x4{__float_as_uint(acc[0]), __float_as_uint(acc[1]),
                                                __float_as_uint(acc[2]), __float_as_uint(acc[3])};
         *reinterpret_cast<U32x4*>(dst + 4) = U32x4{__float_as_uint(acc[4]), __float_as_uint(acc[5]),
@@ -88,7 +128,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
       }
     }
   }
-  GQA_MARK(a, 6);
+  GQA_MARK_T(tg, 6);
   if (S == 1) return;
 
   // Merge geometry: P lanes per (row, 8 dims) item, P a power of two, as many as the CTA's threads
@@ -96,22 +136,25 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   // rescale, loading {m, l} and the 8 partial values of BATCH of its splits at a time (independent
   // L2 loads in flight: usually every split of the item in one round trip); the P lane states are
   // then combined with a butterfly of shuffles and lane 0 stores. Shifts and pointer increments
-  // only: no integer division between the ticket and the loads (there were three).
+  // only: no integer division between the ticket and the loads (there were three). With
+  // fixed_order, P = 1: one thread merges an item's splits in split order, so the result does not
+  // depend on S or on the CTA size (batch-invariant mode).
   constexpr int BATCH = 8;
   int lp = 0;  // log2(P)
-  while (lp < 4 && (2 << lp) <= S && items * (2 << lp) <= NTHREADS) ++lp;
+  while (!tg.fixed_order && lp < 4 && (2 << lp) <= S && items * (2 << lp) <= NTHREADS) ++lp;
   const int P = 1 << lp, per_pass = NTHREADS >> lp, lane_j = tid & (P - 1);
-  const long long ml_step = 2LL * P * group, po_step = (long long)P * group * D;  // floats per j
-  const float* ml_lane = a.ws_ml + ((long long)sc.bh * S + lane_j) * group * 2;
-  const float* po_lane = a.ws_o + ((long long)sc.bh * S + lane_j) * group * D;
+  const int wr = tg.ws_rows;
+  const long long ml_step = 2LL * P * wr, po_step = (long long)P * wr * D;  // floats per j
+  const float* ml_lane = tg.ws_ml + (tg.unit * S + lane_j) * wr * 2;
+  const float* po_lane = tg.ws_o + (tg.unit * S + lane_j) * wr * D;
 
   // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
   // The CTA barrier orders every thread's partial stores before thread 0's release (the acq_rel
   // ticket); the last CTA's acquire (same atomic) plus the barrier below order its L2-only loads.
   __syncthreads();
-  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(a.counters + sc.bh, 1u);
+  if (tid == 0) *s_ticket = atomic_add_acq_rel_gpu(tg.counters + tg.unit, 1u);
   __syncthreads();
-  GQA_MARK(a, 7);
+  GQA_MARK_T(tg, 7);
   if (*s_ticket != (u32)(S - 1)) return;
 
   for (int base = 0; base < items; base += per_pass) {  // CTA-uniform trip count
@@ -161,12 +204,44 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
       for (int i = 0; i < 8; ++i) o.v[i] = __shfl_xor_sync(0xffffffffu, st.v[i], off);
       combine_states(st, o);
     }
-    if (it < items && lane_j == 0)
-      store_row8<DT>(a.out + (out_row0 + row) * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+    if (it < items && lane_j == 0) {
+      const long long orow = target_row<MULTI>(tg, row);
+      store_row8<DT>(tg.out + orow * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+      if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(st.m, st.l);
+    }
   }
-  GQA_MARK(a, 9);
-  if (tid == 0) store_relaxed_gpu(a.counters + sc.bh, 0u);
-  GQA_MARK(a, 8);
+  GQA_MARK_T(tg, 9);
+  if (tid == 0) store_relaxed_gpu(tg.counters + tg.unit, 0u);
+  GQA_MARK_T(tg, 8);
+}
+
+// cta_epilogue_rows for the GqaArgs kernels (one query token, rows = the group's heads, no LSE):
+// also writes the request's status word (after every input load was issued, so no store precedes
+// the loads).
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
+GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+#if !GQA_TRACE
+  if (a.status != nullptr && sc.kvh == 0 && sc.split == 0 && threadIdx.x == 0)
+    a.status[sc.b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
+#endif
+  EpilogueTarget tg;
+  tg.out = a.out;
+  tg.lse = nullptr;
+  tg.ws_o = a.ws_o;
+  tg.ws_ml = a.ws_ml;
+  tg.counters = a.counters;
+  tg.trace = a.status;
+  tg.out_row0 = (long long)sc.b * a.hkv * a.group + (long long)sc.kvh * a.group;
+  tg.unit = sc.bh;
+  tg.split = sc.split;
+  tg.S = a.num_splits;
+  tg.rows = a.group;
+  tg.ws_rows = a.group;
+  tg.first_row = 0;
+  tg.group = a.group;
+  tg.row_step = 0;
+  tg.fixed_order = false;
+  cta_epilogue_rows<DT, D, ROWS, W, NTHREADS, SPLITS, false>(tg, area, s_ticket);
 }
 
 // Tail of the mma.sync kernels (smxx/decode_short.cu, sm90/decode_tma.cu, sm80/decode_cpasync.cu),

@@ -23,14 +23,19 @@
 // Softmax state (running max m and partial sum l, both per row; kernels/common/softmax_state.cuh)
 // lives in registers; l is kept per lane and reduced across the quad once at the end. Positions
 // >= len get score -inf, and the V halves of tokens >= len are zeroed in the ldmatrix fragments
-// before P.V, so NaN/Inf stored in padding never reaches O. The CTA-level pieces (merge of the
+// before P.V, so NaN/Inf stored in padding never reaches O.
+// CAUSAL = true (multi-token queries, kernels/gqa/sm80/decode_paged.cu): row g of the lane may see
+// fewer keys than the sub-tile's `len`: set_causal gives each of the lane's two rows a shift, and
+// keys >= len - shift get score -inf for that row (V rows are still zeroed from `len` on, the
+// largest limit). The unmasked copy of the step runs only when the whole sub-tile is below
+// len - max_shift. CAUSAL = false compiles to the code above. The CTA-level pieces (merge of the
 // warps' states, output, split merge) are in cta.cuh next to this file.
 #pragma once
 #include "../../common/ptx.cuh"
 #include "../../common/swizzle.cuh"
 #include "../../common/softmax_state.cuh"
 
-template <int DT, int D, int ROWS, int TOK>
+template <int DT, int D, int ROWS, int TOK, bool CAUSAL = false>
 struct WarpDecoder {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(ROWS == 8 || ROWS == 16, "rows");
@@ -54,6 +59,7 @@ struct WarpDecoder {
   float m_lo, m_hi;                  // running max (log2 domain), quad-uniform
   float l_lo, l_hi;                  // partial sums of this lane
   int lane;
+  int shift_lo = 0, shift_hi = 0, shift_max = 0;  // CAUSAL only: keys visible to a row: [0, len - shift)
   // Shared-memory path: this lane's byte offsets in a slot for k-step pair p = 0 (K chunk) and n-tile
   // pair q = 0 (ldmatrix row). The other pairs differ only in the swizzle bits 4..6:
   //   K (p): kofs ^ ((p & 1) << 4) + (p >> 1) * BOX_BYTES + i * 1024     (row 8i + g)
@@ -80,6 +86,14 @@ struct WarpDecoder {
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int c = 0; c < OC; ++c) o[j][c] = 0.f;
+  }
+
+  // CAUSAL: this lane's rows g and g + 8 see keys [0, len - lo) and [0, len - hi); `max_shift` >= both
+  // (warp-uniform).
+  GQADRV_DEVICE void set_causal(int lo, int hi, int max_shift) {
+    shift_lo = lo;
+    shift_hi = hi;
+    shift_max = max_shift;
   }
 
   // Q rows (heads) of this group; `row_lo` / `row_hi` are null for padding rows.
@@ -118,7 +132,7 @@ struct WarpDecoder {
   // the step: a second copy pushes the 16-row variants into spills.
   template <class Src>
   GQADRV_DEVICE void step(const Src& src, int tok0, int len, float scale_log2) {
-    if (D == 256 || tok0 + TOK > len)  // warp-uniform
+    if (D == 256 || tok0 + TOK > len - (CAUSAL ? shift_max : 0))  // warp-uniform
       step_impl<true>(src, tok0, len, scale_log2);
     else
       step_impl<false>(src, tok0, len, scale_log2);
@@ -172,7 +186,11 @@ struct WarpDecoder {
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if constexpr (PARTIAL) {
+        if constexpr (PARTIAL && CAUSAL) {
+          const int tk = tok0 + 8 * i + 2 * t + e;
+          if (tk >= len - shift_lo) s[i][e] = neg_inf();
+          if (tk >= len - shift_hi) s[i][2 + e] = neg_inf();
+        } else if constexpr (PARTIAL) {
           if (tok0 + 8 * i + 2 * t + e >= len) {
             s[i][e] = neg_inf();
             s[i][2 + e] = neg_inf();
