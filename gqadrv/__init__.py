@@ -2,7 +2,8 @@
 
 NVRTC compiles gqadrv's own kernels at run time; a loader on the CUDA driver API (cuda.bindings)
 launches them on any DLPack tensor (CuPy, torch, JAX), on any stream, inside CUDA-graph capture.
-Each op family (``gqadrv.gqa``, ...) exports its public names here; ``launch_prepared`` and
+Each op family (``gqadrv.gqa``, ...) exports its public names here (the LSE state merge
+``merge_state`` / ``merge_states`` from ``gqadrv.gqa.merge``); ``launch_prepared`` and
 ``check_status`` serve every family's prepared objects. The API is typed (``py.typed``); the
 protocols and aliases of its signatures are in ``gqadrv.types``.
 """
@@ -16,13 +17,17 @@ from ._version import __version__
 # checks that __all__ below covers gqa.__all__ and mla.__all__).
 from .gqa import (
     PreparedGqaDecode,
+    PreparedGqaPagedDecode,
     gqa_decode,
+    gqa_decode_paged,
     gqa_decode_reference,
     launch_sm110_gqa_decode_prepared,
     prepare_gqa_decode,
+    prepare_gqa_decode_paged,
     prepare_sm110_gqa_decode,
     sm110_gqa_decode,
 )
+from .gqa.merge import merge_state, merge_states
 from .mla import (
     MlaSchedMeta,
     PreparedMlaDecode,
@@ -37,8 +42,8 @@ from .runtime import CompileError, CudaDriverError, NoGpuError, TensorMapError
 
 __all__ = [
     "CompileError", "CudaDriverError", "FeatureError", "MlaSchedMeta", "NoGpuError", "Prepared", "PreparedGqaDecode",
-    "PreparedMlaDecode", "TensorMapError", "__version__", "check_status", "flash_mla_with_kvcache",
-    "get_mla_metadata", "gqa_decode", "gqa_decode_reference", "launch_prepared", "launch_sm110_gqa_decode_prepared",
-    "mla_decode_reference", "prepare_gqa_decode", "prepare_mla_decode", "prepare_sm110_gqa_decode",
-    "sm110_gqa_decode",
+    "PreparedGqaPagedDecode", "PreparedMlaDecode", "TensorMapError", "__version__", "check_status", "flash_mla_with_kvcache",
+    "get_mla_metadata", "gqa_decode", "gqa_decode_paged", "gqa_decode_reference", "launch_prepared", "launch_sm110_gqa_decode_prepared",
+    "merge_state", "merge_states", "mla_decode_reference", "prepare_gqa_decode", "prepare_gqa_decode_paged", "prepare_mla_decode",
+    "prepare_sm110_gqa_decode", "sm110_gqa_decode",
 ]

@@ -57,8 +57,17 @@ class WorkFailed(Exception):
 def _ops() -> tuple:
     """The op families (each package's OP record); the CLI hard-codes none of their details."""
     from . import gqa, mla
+    from .gqa import merge
 
-    return (gqa.OP, mla.OP)
+    return (gqa.OP, merge.OP, mla.OP)
+
+
+def _bench_specs() -> list:
+    """The ``bench --op`` choices: each op family's bench spec, then the paged GQA decode bench
+    (``--op gqa_paged``, ``gqa/bench_paged.py``)."""
+    from .gqa.bench_paged import SPEC as gqa_paged
+
+    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged]
 
 
 def _print_json(obj) -> None:
@@ -375,6 +384,7 @@ def cmd_demo(args) -> int:
     import numpy as np
 
     import gqadrv
+
     from .runtime.driver import device_info
 
     B, Hq, Hkv, C, D = 1, 32, 8, args.capacity, 128
@@ -448,7 +458,7 @@ def cmd_bench(args) -> int:
     _require_gpu()
     from .ops.bench import run
 
-    spec = {op.name: op.bench_spec() for op in _ops() if op.bench_spec is not None}[args.op]
+    spec = {sp.name: sp for sp in _bench_specs()}[args.op]
     return run(spec, args)
 
 
@@ -527,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXIT_STATUS, formatter_class=fmt)
     from .ops.bench import add_common_arguments
 
-    specs = [op.bench_spec() for op in _ops() if op.bench_spec is not None]
+    specs = _bench_specs()
     b.add_argument("--op", choices=[sp.name for sp in specs], default=specs[0].name if specs else None,
                    help="op family to benchmark")
     add_common_arguments(b)

@@ -141,8 +141,8 @@ def test_compile_jobs_2_equals_jobs_1(sm86):
 
 
 def test_compile_sm86_warms_exactly_what_the_runtime_loads_there(sm86):
-    """On an sm_86 GPU the GQA router picks the portable / short families (declared for sm_80) and
-    ops.kernels.load compiles them for arch_for_cc((8, 6)) = sm_86: `compile --arch sm_86` must have
+    """On an sm_86 GPU the GQA router picks the portable / short families (declared for sm_80; the
+    merge_state family too) and ops.kernels.load compiles them for arch_for_cc((8, 6)) = sm_86: `compile --arch sm_86` must have
     written exactly those cache entries (same source, arch and defines: same key)."""
     from gqadrv.gqa import routes
     from gqadrv.gqa.contract import MAX_GROUP, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
@@ -163,6 +163,19 @@ def test_compile_sm86_warms_exactly_what_the_runtime_loads_there(sm86):
                         m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
                         assert m.from_cache, f"{v.name} for sm_86 was not warmed"
                         routed.add(m.key)
+                for rows in (4, 16, 64):  # the paged family (cp.async: the only paged route off sm_90)
+                    v = routes.select_paged_variant(cc, d, dtype, rows)
+                    m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
+                    assert m.from_cache, f"{v.name} for sm_86 was not warmed"
+                    routed.add(m.key)
+    from gqadrv.gqa import merge  # the LSE state merge: one module per dtype and load batch
+
+    for dtype in merge.SUPPORTED_DTYPES:
+        for num_states in (1, 2, 3, 64, 1000):
+            v = merge.variant_for(dtype, num_states)
+            m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
+            assert m.from_cache, f"{v.name} for sm_86 was not warmed"
+            routed.add(m.key)
     assert routed == compiled
 
 

@@ -33,6 +33,8 @@ from gqadrv import (
     gqa_decode_reference,
     launch_prepared,
     launch_sm110_gqa_decode_prepared,
+    merge_state,
+    merge_states,
     mla_decode_reference,
     prepare_gqa_decode,
     prepare_mla_decode,
@@ -142,6 +144,19 @@ def mla(q: TorchLike, k_cache: TorchLike, block_table: TorchLike, lens: TorchLik
     assert_type(lse2, TorchLike)
     assert_type(launch_prepared(prepare_mla_decode(q, k_cache, block_table, lens, out=q, lse=lse)),
                 tuple[TorchLike, JaxLike | TorchLike])
+
+
+def merge(v: TorchLike, s: TorchLike, o: JaxLike, lse: JaxLike, cupy_array: Any) -> None:
+    mv, ms = merge_state(v, s, v, s)
+    assert_type(mv, TorchLike)
+    assert_type(ms, TorchLike)
+    assert_type(merge_state(v, s, v, s, out=v, out_lse=v), tuple[TorchLike, TorchLike])
+    assert_type(merge_state(v, s, v, s, out=o, out_lse=lse, stream=0),
+                tuple[JaxLike | TorchLike, JaxLike | TorchLike])
+    assert_type(merge_states(v, s), tuple[TorchLike, TorchLike])  # stacked [N, K, H, D] / [N, K, H]
+    assert_type(merge_states([v, v, v], [s, s, s], stream=TorchStream()), tuple[TorchLike, TorchLike])
+    assert_type(merge_states((v, v), (s, s), out=o), tuple[JaxLike | TorchLike, TorchLike])
+    assert_type(merge_states(cupy_array, cupy_array, stream=CupyStream()), tuple[Any, Any])
 
 
 def references(q: npt.NDArray[np.float16], kv: npt.NDArray[np.float16], k_cache: npt.NDArray[Any]) -> None:

@@ -13,6 +13,8 @@ from gqadrv import (
     flash_mla_with_kvcache,
     gqa_decode,
     launch_prepared,
+    merge_state,
+    merge_states,
     prepare_gqa_decode,
     prepare_mla_decode,
 )
@@ -54,4 +56,7 @@ def misuse(q: Array, lens: Array, o: Other, name: str) -> None:
     flash_mla_with_kvcache(q, q, lens, lens, tile_scheduler_metadata=object())  # E: arg-type
     prepare_mla_decode(q, q, lens, lens, softmax_scale="0.1")  # E: arg-type
     prepare_mla_decode(np.float32(1.0), q, lens, lens)  # E: type-var
-    del wrong, right
+    merge_state(q, lens, q)  # E: call-arg
+    merge_states([q], [lens], stream="side")  # E: arg-type
+    merged: Other = merge_states(q, lens)[0]  # E: assignment
+    del wrong, right, merged

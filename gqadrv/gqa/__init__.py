@@ -4,11 +4,13 @@ from ..ops.registry import OpRecord as _OpRecord
 from . import routes as _routes
 from .api import PreparedGqaDecode, gqa_decode, prepare_gqa_decode
 from .compat import launch_sm110_gqa_decode_prepared, prepare_sm110_gqa_decode, sm110_gqa_decode
+from .paged import PreparedGqaPagedDecode, gqa_decode_paged, prepare_gqa_decode_paged
 from .reference import gqa_decode_reference
 
 __all__ = [
-    "PreparedGqaDecode", "gqa_decode", "gqa_decode_reference", "launch_sm110_gqa_decode_prepared",
-    "prepare_gqa_decode", "prepare_sm110_gqa_decode", "sm110_gqa_decode",
+    "PreparedGqaDecode", "PreparedGqaPagedDecode", "gqa_decode", "gqa_decode_paged", "gqa_decode_reference",
+    "launch_sm110_gqa_decode_prepared", "prepare_gqa_decode", "prepare_gqa_decode_paged", "prepare_sm110_gqa_decode",
+    "sm110_gqa_decode",
 ]
 
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
 from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot
-from ..ops.prepared import PreparedDecode
+from ..ops.prepared import PreparedDecode, prepare_streams
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.streams import (current_stream, device_hint, is_capturing, on_stream, order_fast, order_inputs,
+from ..runtime.streams import (current_stream, device_hint, on_stream, order_fast, order_inputs,
                                resolve_stream)
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
@@ -153,28 +153,49 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
 @overload
 def gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
-               backend: Backend | None = None) -> ArrayT: ...
+               backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
+               deterministic: bool = False) -> ArrayT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT, q_scale: float = 1.0,
                sm_scale: float | None = None, stream: StreamLike | None = None,
-               backend: Backend | None = None) -> OutT: ...
+               backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
+               deterministic: bool = False) -> OutT: ...
+@overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
-               backend: Backend | None = None) -> DLPackArray:
-    """One-token GQA decode.
+               backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
+               deterministic: bool = False) -> tuple[Any, Any]: ...
+def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
+               q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
+               backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
+               deterministic: bool = False) -> Any:
+    """GQA decode from a contiguous cache.
 
-    q [B, Hq, D], kv [B, 2, Hkv, C, D] (K at 0, V at 1), sequence_lengths int32 [B] on the device,
-    out [B, Hq, D] optional. fp16 or bf16; Hq % Hkv == 0 with group 1..16; D in {64, 128, 256}.
+    q [B, Hq, D] (one query token) or [B, s_q, Hq, D] (s_q 1..16: query token j sees keys
+    [0, len - (s_q - 1 - j)), bottom-right causal), kv [B, 2, Hkv, C, D] (K at 0, V at 1),
+    sequence_lengths int32 [B] on the device, out (shape of q) optional. fp16 or bf16; Hq % Hkv == 0
+    with group 1..16; D in {64, 128, 256}.
     Softmax scale: ``softmax(sm_scale * q.k)``. ``sm_scale`` is absolute (default ``1/sqrt(D)``);
     the seed's ``q_scale`` multiplies that default (``q_scale = sm_scale * sqrt(D)``). Give one of
     them: ``sm_scale`` with a ``q_scale`` other than 1.0 is a ValueError.
-    Returns ``out`` (the caller's object) or a new array of the caller's framework. Asynchronous on
-    ``stream`` (default: the current torch stream for torch tensors, else CuPy's current stream);
-    every input's producer is ordered before the launch, whatever framework it comes from.
-    Lengths are clamped on the device to [0, C]; an empty request yields zeros.
+    Returns ``out`` (the caller's object) or a new array of the caller's framework; with
+    ``return_lse=True`` (or ``lse`` given: fp32 [B, Hq] or [B, s_q, Hq]) the pair (out, lse), lse
+    the natural-log sum of exp(sm_scale * q.k) over the row's keys, +inf for a row without keys.
+    ``deterministic=True``: each request's result is bitwise independent of the batch it is in and
+    of the run (fixed split size, ordered merge; see gqadrv.gqa.paged).
+    Asynchronous on ``stream`` (default: the current torch stream for torch tensors, else CuPy's
+    current stream); every input's producer is ordered before the launch, whatever framework it
+    comes from. Lengths are clamped on the device to [0, C]; an empty request yields zeros.
     ``backend``: None/'auto', 'hopper', 'tcgen05' or 'portable' (also GQADRV_BACKEND).
-    Repeated calls with the same layout (new tensors allowed) re-use the first call's plan.
+    Repeated one-token calls with the same layout (new tensors allowed) re-use the first call's plan;
+    4-D q, LSE and deterministic calls take the paged family's route (gqadrv.gqa.paged).
     """
+    if lse is not None or return_lse is not False or deterministic is not False or getattr(q, "ndim", 3) == 4:
+        from . import paged as _paged
+
+        return _paged.contiguous_decode(q, kv, sequence_lengths, out=out, lse=lse, return_lse=return_lse,
+                                        deterministic=deterministic, q_scale=q_scale, sm_scale=sm_scale,
+                                        stream=stream, backend=backend)
     facts = _call_facts(q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
     if facts is not None:
         e = _layouts.get(facts[0])
@@ -273,17 +294,26 @@ def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale, sm_scale
 @overload
 def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
-                       backend: Backend | None = None) -> PreparedGqaDecode[Any]: ...
+                       backend: Backend | None = None, LSE: DLPackArray | None = None,
+                       deterministic: bool = False) -> PreparedGqaDecode[Any]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: OutT,
                        sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
-                       backend: Backend | None = None) -> PreparedGqaDecode[OutT]: ...
+                       backend: Backend | None = None, LSE: None = None,
+                       deterministic: bool = False) -> PreparedGqaDecode[OutT]: ...
+@overload
+def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: DLPackArray,
+                       sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
+                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       backend: Backend | None = None, LSE: DLPackArray,
+                       deterministic: bool = False) -> PreparedGqaDecode[tuple[Any, Any]]: ...
 def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray | None = None,
                        KV: DLPackArray | None = None, O: DLPackArray | None = None,
                        sequence_lengths: DLPackArray | None = None, q_scale: float | None = None,
                        sm_scale: float | None = None, num_splits: int | None = None, stream: StreamLike | None = None,
-                       backend: Backend | None = None) -> PreparedGqaDecode[Any]:
+                       backend: Backend | None = None, LSE: DLPackArray | None = None,
+                       deterministic: bool = False) -> PreparedGqaDecode[Any]:
     """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
 
     ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale" or
@@ -291,7 +321,9 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
     ``softmax(sm_scale * q.k)``, sm_scale absolute (default 1/sqrt(D)) or q_scale = sm_scale * sqrt(D);
     giving both (q_scale other than None / 1.0) is a ValueError. ``num_splits``: None (heuristic) or
     an int in [1, 64]. Call outside CUDA-graph capture; ``launch_prepared`` may then be captured and
-    replayed.
+    replayed. A 4-D Q [B, s_q, Hq, D], an ``LSE`` output (fp32 [B, Hq] / [B, s_q, Hq]; then
+    ``launch_prepared`` returns (O, LSE)) or ``deterministic=True`` prepare the paged family's
+    kernel on the contiguous cache (gqadrv.gqa.paged; ``PreparedGqaPagedDecode``).
     """
     if inputs is not None:
         Q, KV, O, sequence_lengths, q_scale, sm_scale = _inputs_from_dict(inputs, Q, KV, O, sequence_lengths, q_scale,
@@ -307,14 +339,10 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
         raise ValueError("O (the output tensor) is required by the prepared API")
     _routes.check_backend(backend)
     splits_req = _contract.check_num_splits(num_splits)
-    _drv.ensure_init()
-    fw = _tensors.framework_of(Q)
-    dev_hint = device_hint(Q)
-    s = resolve_stream(stream, dev_hint, fw)
-    if is_capturing(s):
-        raise RuntimeError("prepare_gqa_decode must be called outside CUDA-graph capture "
-                           "(it allocates and synchronizes); capture launch_prepared instead")
-    dl_stream = order_inputs((Q, KV, sequence_lengths, O), dev_hint, s)
+    if LSE is not None or deterministic is not False or getattr(Q, "ndim", 3) == 4:
+        return _prepare_contiguous_paged(Q, KV, O, sequence_lengths, LSE, q_scale, sm_scale, deterministic,
+                                         splits_req, stream, backend)
+    s, dl_stream = prepare_streams(Q, (Q, KV, sequence_lengths, O), stream, "prepare_gqa_decode")
     problem = _contract.validate(Q, KV, sequence_lengths, O, q_scale, stream=dl_stream,
                                  names=("Q", "KV", "sequence_lengths", "O"), sm_scale=sm_scale)
     variant, loaded = _plan.route(problem, backend)
@@ -347,3 +375,16 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
         route=variant.name, num_splits=splits, grid=plan.grid, block=plan.block, dynamic_smem=plan.smem,
         workspace_bytes=ws.nbytes if ws else 0, arch=loaded.arch, batch=problem.batch, capacity=problem.capacity,
     )
+
+
+def _prepare_contiguous_paged(Q, KV, O, lengths, LSE, q_scale, sm_scale, deterministic, splits_req, stream, backend):
+    from . import paged as _paged
+
+    _paged._check_flags(False, deterministic)
+    b = _routes.check_backend(backend)
+    s, dl_stream = prepare_streams(Q, (Q, KV, lengths, O, LSE), stream, "prepare_gqa_decode")
+    problem = _paged.contiguous_problem(Q, KV, lengths, O, LSE, q_scale, sm_scale, stream=dl_stream,
+                                        names=("Q", "KV", "sequence_lengths", "O", "LSE"))
+    result = O if LSE is None else (O, LSE)
+    return _paged.prepare_problem(problem, (Q, KV, O, lengths, LSE), result, deterministic=deterministic,
+                                  splits_req=splits_req, backend=b, s=s)

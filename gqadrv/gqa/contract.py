@@ -24,6 +24,7 @@ __all__ = [
     "MAX_SPLITS",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
+    "check_contiguous_kv",
     "check_num_splits",
     "check_q_scale",
     "check_scale_pair",
@@ -101,6 +102,32 @@ def check_num_splits(num_splits: Any) -> int | None:
 
 _shape = _oc.shape_str
 _require_contiguous = _oc.require_contiguous
+_INT32_POSITIONS = 2**31 - 1 - 64  # largest capacity the kernels' int32 token positions allow
+
+
+def check_contiguous_kv(kv: Any, name: str, qv: TensorView, B: int, D: int, stream: int | None) -> TensorView:
+    """The contiguous cache [B, 2, Hkv, C, D] of ``gqa_decode`` (shared with the paged family's
+    ``contiguous_problem``): shape against q's batch and head dim, dtype of q, contiguity, device."""
+    kvv = as_view(kv, name, stream=stream, cupy_ordered=True)
+    if kvv.ndim != 5:
+        raise ValueError(f"{name} must have shape [batch, 2, num_kv_heads, capacity, head_dim], got {_shape(kvv)}")
+    if kvv.shape[0] != B:
+        raise ValueError(f"{name} batch {kvv.shape[0]} does not match {qv.name} batch {B}")
+    if kvv.shape[1] != 2:
+        raise ValueError(f"{name} dim 1 must be 2 (K at index 0, V at index 1), got {_shape(kvv)}")
+    Hkv, C, Dkv = kvv.shape[2], kvv.shape[3], kvv.shape[4]
+    if Hkv <= 0:
+        raise ValueError(f"num_kv_heads must be positive, got {name} shape {_shape(kvv)}")
+    if C <= 0:
+        raise ValueError(f"kv capacity must be positive, got {name} shape {_shape(kvv)}")
+    if C > _INT32_POSITIONS:
+        raise ValueError(f"kv capacity {C} is more than the kernels' int32 token positions allow")
+    if Dkv != D:
+        raise ValueError(f"{name} head_dim {Dkv} does not match {qv.name} head_dim {D}")
+    _oc.require_dtype(kvv, SUPPORTED_DTYPES, like=qv)
+    _oc.require_contiguous(kvv)
+    _oc.require_same_device(kvv, qv)
+    return kvv
 _require_same_device = _oc.require_same_device
 _require_aligned = _oc.require_aligned
 
@@ -127,23 +154,8 @@ def validate(q: Any, kv: Any, lengths: Any, out: Any, q_scale: Any, *, stream: i
     _oc.require_dtype(qv, SUPPORTED_DTYPES)
     _require_contiguous(qv)
 
-    kvv = as_view(kv, nkv, stream=stream, cupy_ordered=True)
-    if kvv.ndim != 5:
-        raise ValueError(f"{nkv} must have shape [batch, 2, num_kv_heads, capacity, head_dim], got {_shape(kvv)}")
-    if kvv.shape[0] != B:
-        raise ValueError(f"{nkv} batch {kvv.shape[0]} does not match {nq} batch {B}")
-    if kvv.shape[1] != 2:
-        raise ValueError(f"{nkv} dim 1 must be 2 (K at index 0, V at index 1), got {_shape(kvv)}")
-    Hkv, C, Dkv = kvv.shape[2], kvv.shape[3], kvv.shape[4]
-    if Hkv <= 0:
-        raise ValueError(f"num_kv_heads must be positive, got {nkv} shape {_shape(kvv)}")
-    if C <= 0:
-        raise ValueError(f"kv capacity must be positive, got {nkv} shape {_shape(kvv)}")
-    if Dkv != D:
-        raise ValueError(f"{nkv} head_dim {Dkv} does not match {nq} head_dim {D}")
-    _oc.require_dtype(kvv, SUPPORTED_DTYPES, like=qv)
-    _require_contiguous(kvv)
-    _require_same_device(kvv, qv)
+    kvv = check_contiguous_kv(kv, nkv, qv, B, D, stream)
+    Hkv, C = kvv.shape[2], kvv.shape[3]
     if Hq % Hkv:
         raise ValueError(f"num_q_heads ({Hq}) must be a multiple of num_kv_heads ({Hkv})")
     group = Hq // Hkv

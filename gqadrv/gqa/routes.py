@@ -17,6 +17,7 @@ from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
 from . import tcgen05 as _tc
 from .args import SIG_PLAIN, SIG_TMA
+from .paged_args import SIG_PAGED, SIG_PAGED_TMA
 from .contract import MAX_GROUP, MAX_SPLITS, STATE_ROW_PAD, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "l2_prefetch_pays",
     "prefers_portable",
     "PORTABLE_MIN_WAVES",
+    "select_paged_variant",
     "select_variant",
     "tuning_env",
     "variants_for_arch",
@@ -70,6 +72,16 @@ FAMILIES: dict[str, Family] = {
                   _SPLIT, uses_tma=True, splittable=True, ring=True),
     "portable": Family("portable", "gqa/sm80/decode_cpasync.cu", "gqa_decode_cpasync", _ALL, SIG_PLAIN, _SPLIT,
                        uses_tma=False, splittable=True, ring=True),
+    # paged / contiguous caches with multi-token queries, LSE and the batch-invariant split mode
+    # (gqa/paged.py); cp.async, so one source serves every architecture
+    "paged": Family("paged", "gqa/sm80/decode_paged.cu", "gqa_decode_paged", _ALL, SIG_PAGED,
+                    _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant"}, uses_tma=False, splittable=True,
+                    ring=True),
+    # the same with TMA boxes of whole pages (page size >= 16) on Hopper
+    "paged_tma": Family("paged_tma", "gqa/sm90/decode_paged_tma.cu", "gqa_decode_paged_tma",
+                        ("sm_90a", "sm_100a", "sm_110a"), SIG_PAGED_TMA,
+                        _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant"}, uses_tma=True,
+                        splittable=True, ring=True),
     # tcgen05 + TMEM kernels for B200 / Thor: compile-verified only (no such GPU here)
     "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"], ("sm_100a", "sm_110a"),
                        SIG_PLAIN, _DENSE, uses_tma=False, splittable=False, ring=False, tcgen05=True),
@@ -79,9 +91,9 @@ FAMILIES: dict[str, Family] = {
 
 # Kernel families each backend routes to (``info`` and the docs read this, not a copy).
 BACKEND_FAMILIES = {
-    "hopper": ("short", "tma", "portable"),
-    "tcgen05": ("tc_short", "tc_long", "short", "portable"),
-    "portable": ("short", "portable"),
+    "hopper": ("short", "tma", "portable", "paged", "paged_tma"),
+    "tcgen05": ("tc_short", "tc_long", "short", "portable", "paged"),
+    "portable": ("short", "portable", "paged"),
 }
 
 # Environment variables that change routing, compiled switches or launch flags (tuning and
@@ -126,6 +138,13 @@ _TILINGS = {
     ("portable", 64): Tiling(4, 32, 3),
     ("portable", 128): Tiling(4, 16, 3),
     ("portable", 256): Tiling(4, 16, 1),
+    # the paged kernel has the portable ring (same sm_86 / sm_89 shared-memory budget)
+    ("paged", 64): Tiling(4, 32, 3),
+    ("paged", 128): Tiling(4, 16, 3),
+    ("paged", 256): Tiling(4, 16, 1),
+    ("paged_tma", 64): Tiling(4, 32, 4),
+    ("paged_tma", 128): Tiling(4, 32, 2),
+    ("paged_tma", 256): Tiling(4, 16, 2),
 }
 
 
@@ -283,6 +302,26 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
         if forced is None and fam.name == "tma" and prefers_portable(cc, head_dim, ctas, sm_count):
             fam = FAMILIES["portable"]
     return Variant(fam, dtype, head_dim, rows, tiling_for(fam.name, head_dim), switches_for(fam.name))
+
+
+def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: int,
+                         backend: str | None = None, tma_ok: bool = False) -> Variant:
+    """The paged / multi-token / LSE route: ``rows`` = s_q x group query rows of one KV head,
+    packed into MMA row blocks of 8 (rows <= 8) or 16. Family "paged_tma" on sm_90 when the pools
+    are TMA-describable with page size >= 16 (``tma_ok``, decided by gqa/paged.py), "paged"
+    (cp.async, every architecture) otherwise or with backend 'portable'. ``backend`` is checked as
+    in select_variant (a forced backend the GPU lacks is an error)."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {dtype} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    native = backend_for_cc(cc)
+    forced = _backend_override(backend)
+    if forced in ("hopper", "tcgen05") and native != forced:
+        need = "9.0" if forced == "hopper" else "10.0 or 11.0"
+        raise RuntimeError(f"backend {forced!r} needs compute capability {need}, this GPU has {cc[0]}.{cc[1]}")
+    fam = "paged_tma" if tma_ok and (forced or native) == "hopper" else "paged"
+    return Variant(FAMILIES[fam], dtype, head_dim, rows_for_group(rows), tiling_for(fam, head_dim), switches_for(fam))
 
 
 def variants_for_arch(arch: str) -> list[Variant]:

@@ -18,10 +18,11 @@ from typing import Any, Generic, TypeVar
 
 from ..runtime import driver as _drv
 from ..runtime.module import LaunchPlan
-from ..runtime.streams import resolve_stream
+from ..runtime.streams import device_hint, is_capturing, order_inputs, resolve_stream
+from ..runtime.tensors import framework_of
 from ..types import StreamLike
 
-__all__ = ["Prepared", "PreparedDecode", "check_status", "launch_prepared"]
+__all__ = ["Prepared", "PreparedDecode", "check_status", "launch_prepared", "prepare_streams"]
 
 R = TypeVar("R")
 """What ``launch_prepared`` returns for a prepared object (its caller-visible output)."""
@@ -73,6 +74,20 @@ class PreparedDecode(Prepared[R]):
                 f"arch={self.arch!r}, device={self.device})")
 
 
+def prepare_streams(first: Any, tensors: tuple[Any, ...], stream: StreamLike | None, op: str) -> tuple[int, int | None]:
+    """(launch stream, DLPack handshake stream) of a ``prepare_*`` call whose first tensor is
+    ``first``: the stream resolved as for the convenience calls, every input's producer ordered
+    before it (``runtime.streams.order_inputs``). A prepare call allocates and synchronizes, so a
+    stream under CUDA-graph capture is refused (RuntimeError naming ``op``)."""
+    _drv.ensure_init()
+    dev = device_hint(first)
+    s = resolve_stream(stream, dev, framework_of(first))
+    if is_capturing(s):
+        raise RuntimeError(f"{op} must be called outside CUDA-graph capture (it allocates and synchronizes); "
+                           "capture launch_prepared instead")
+    return s, order_inputs(tensors, dev, s)
+
+
 def launch_prepared(prepared: Prepared[R], stream: StreamLike | None = None) -> R:
     """Enqueue one prepared launch (graph-capturable; no validation, allocation or host read).
 
@@ -100,7 +115,9 @@ def check_status(prepared: Prepared[Any]) -> dict[str, list[int]]:
     """Synchronizing debug helper: which requests of the last launch had out-of-range device data.
 
     Returns {name: [request indices]} for the op's status codes (GQA decode: ``empty`` lengths
-    were <= 0 and zeros were written, ``clamped`` lengths were > capacity and were clamped).
+    were <= 0 and zeros were written, ``clamped`` lengths were > capacity and were clamped; the
+    paged GQA decode adds ``bad_page``: a used block-table entry outside [0, num_pages), read as
+    zeros).
     """
     if not isinstance(prepared, Prepared):
         raise TypeError(f"check_status expects a prepared object, got {type(prepared).__name__}")
@@ -109,5 +126,10 @@ def check_status(prepared: Prepared[Any]) -> dict[str, list[int]]:
     drv = _drv.driver()
     with _drv.device_scope(prepared.device):
         _drv.check(drv.cuCtxSynchronize(), "cuCtxSynchronize(check_status)")
-        codes = prepared._status.get().tolist()
+        words = prepared._status.get()
+    decode = getattr(prepared, "_decode_status", None)
+    if decode is not None:  # a family with several status words per request decodes them itself
+        decoded: dict[str, list[int]] = decode(words)
+        return decoded
+    codes = words.tolist()
     return {name: [i for i, c in enumerate(codes) if c == code] for code, name in prepared._status_names}

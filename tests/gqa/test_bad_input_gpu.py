@@ -134,7 +134,9 @@ def _cases():
         ("lens float32", lambda: call_decode(lens=Z(B, cp.float32)), TypeError, "int32"),
         ("lens uint32", lambda: call_decode(lens=Z(B, cp.uint32)), TypeError, "int32"),
         ("q rank 2", lambda: call_decode(q=Z((B, HQ * D), cp.float16)), ValueError, "q must have shape"),
-        ("q rank 4", lambda: call_decode(q=Z((B, HQ, 1, D), cp.float16)), ValueError, "q must have shape"),
+        # a 4-D q is [B, s_q, Hq, D] (multi-token decode): [B, Hq, 1, D] reads as s_q = Hq = 32 > 16
+        ("q rank 4", lambda: call_decode(q=Z((B, HQ, 1, D), cp.float16)), ValueError, r"s_q \(query tokens"),
+        ("q rank 5", lambda: call_decode(q=Z((B, 1, HQ, 1, D), cp.float16)), ValueError, "q must have shape"),
         ("kv rank 4", lambda: call_decode(kv=Z((B, 2, HKV * C, D), cp.float16)), ValueError, "kv must have shape"),
         ("batch 0", lambda: call_decode(q=Z((0, HQ, D), cp.float16), kv=Z((0, 2, HKV, C, D), cp.float16), lens=Z(0, cp.int32)), ValueError, "batch must be positive"),
         ("capacity 0", lambda: call_decode(kv=Z((B, 2, HKV, 0, D), cp.float16)), ValueError, "capacity must be positive"),

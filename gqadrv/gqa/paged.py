@@ -1,0 +1,366 @@
+"""Paged GQA decode, multi-token queries, LSE output and the batch-invariant mode (family "paged",
+kernels/gqa/sm80/decode_paged.cu; contract in gqa/paged_contract.py).
+
+    out            = gqa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout="NHD")
+    out, lse       = gqa_decode_paged(..., return_lse=True)
+    p              = prepare_gqa_decode_paged(q=..., k_cache=..., v_cache=..., block_table=..., seq_lens=..., out=...)
+    out[, lse]     = launch_prepared(p)
+
+``gqa_decode`` / ``prepare_gqa_decode`` route here for a 4-D q, an LSE output or
+``deterministic=True`` (the contiguous cache as one page per request).
+
+Splits: by default the KV sub-tiles of each request's own length are balanced over S splits (S
+from the grid-filling heuristic of routes.default_splits). ``deterministic=True``: split s owns
+tokens [s * T, (s + 1) * T) with T = DET_SPLIT_TOKENS (larger only when the capacity needs more
+than 64 splits: T = capacity / 64 rounded up to whole sub-tiles), and the splits are merged one
+after another in split order, so a request's output depends only on its own data and length:
+bitwise identical in any batch, at any position, run after run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..ops import kernels as _kernels
+from ..ops import workspace as _workspace
+from ..ops.bounded import BoundedMap
+from ..ops.kernels import Loaded
+from ..ops.plans import launch_packed
+from ..ops.workspace import Workspace
+from ..runtime import driver as _drv
+from ..runtime import tensors as _tensors
+from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.tensormap import TensorMapError, TmaSpec, encode_tiled, validate_tiled
+from ..ops.prepared import prepare_streams
+from ..runtime.streams import device_hint, on_stream, order_inputs, resolve_stream
+from ..types import Backend, DLPackArray, StreamLike
+from . import routes as _routes
+from .api import PreparedGqaDecode
+from .args import GQA_FLAG_L2_EVICT_FIRST
+from .contract import MAX_SPLITS, check_num_splits
+from .paged_args import GQA_PAGED_FLAG_HND
+from .paged_contract import PagedProblem, contiguous_problem, validate_paged
+
+__all__ = ["DET_SPLIT_TOKENS", "PreparedGqaPagedDecode", "gqa_decode_paged", "prepare_gqa_decode_paged"]
+
+DET_SPLIT_TOKENS = 2048
+WORKSPACE_ZERO = ("counters",)
+STATUS_NAMES = ((1, "empty"), (2, "clamped"), (3, "bad_page"))
+_LN2 = math.log(2.0)
+_routes_cache = BoundedMap(1024)
+_tmaps = BoundedMap(512)
+TMA_MIN_PAGE = 16   # smaller pages take the cp.async route (a box per page would be too small)
+
+
+# ----------------------------------------------------------------------------- plan
+def _tma_specs(problem: PagedProblem, tok: int) -> tuple[TmaSpec, TmaSpec] | None:
+    """The K and V pool tensor maps of the TMA route, or None when the pools are not describable
+    (then the cp.async route reads them): NHD (D, Hkv, page, pages) with box {64, 1, BT, 1}, HND
+    (D, page, Hkv, pages) with box {64, BT, 1, 1}, BT = min(TOK, page)."""
+    D, Hkv, page, P = problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages
+    bt = min(tok, page)
+    es = problem.k.itemsize
+    hs, ts, ps = problem.head_stride * es, problem.tok_stride * es, problem.page_stride * es
+    if problem.layout == "NHD":
+        dims, strides, box = (D, Hkv, page, P), (hs, ts, ps), (64, 1, bt, 1)
+    else:
+        dims, strides, box = (D, page, Hkv, P), (ts, hs, ps), (64, bt, 1, 1)
+    # strides of size-1 dimensions are never used: give them a legal value
+    strides = tuple(s if d > 1 else max(16, s - s % 16) for s, d in zip(strides, dims[1:]))
+    specs = tuple(TmaSpec(dtype=problem.dtype, address=a, dims=dims, strides=strides, box=box, swizzle="128b")
+                  for a in (problem.k_ptr, problem.v_ptr))
+    try:
+        for sp in specs:
+            validate_tiled(sp)
+    except TensorMapError:
+        return None
+    return specs[0], specs[1]
+
+
+def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
+    """Encoded K / V maps of the TMA route (cached by address and geometry), or None."""
+    if problem.table is None or problem.page_size < TMA_MIN_PAGE:
+        return None
+    specs = _tma_specs(problem, _routes.tiling_for("paged_tma", problem.head_dim).tok)
+    if specs is None:
+        return None
+    key = (problem.device, specs)
+    hit = _tmaps.get(key)
+    if hit is None:
+        try:
+            with _drv.device_scope(problem.device):
+                hit = (encode_tiled(specs[0]), encode_tiled(specs[1]))
+        except (TensorMapError, _drv.CudaDriverError):
+            return None
+        _tmaps.put(key, hit)
+    return hit
+
+
+def route(problem: PagedProblem, backend: str | None) -> tuple[_routes.Variant, Loaded, tuple[bytes, bytes] | None]:
+    """(variant, loaded kernel, tensor maps or None): the TMA route on sm_90 for TMA-describable
+    pools with page size >= TMA_MIN_PAGE (unless backend 'portable'), the cp.async route otherwise."""
+    info = _drv.device_info(problem.device)
+    maps = None
+    forced = _routes._backend_override(backend)
+    if _routes.backend_for_cc(info.cc) == "hopper" and forced in (None, "hopper"):
+        # the large-batch rule of the contiguous routes (routes.prefers_portable): from two waves
+        # of CTAs on, the cp.async kernel streams a cold cache faster (docs/RESULTS.md, paged table)
+        units = problem.batch * problem.num_kv_heads * -(-problem.rows // (8 if problem.rows <= 8 else 16))
+        if forced == "hopper" or not _routes.prefers_portable(info.cc, problem.head_dim, units, info.sm_count):
+            maps = tma_maps(problem)
+    key = (problem.device, problem.head_dim, problem.dtype, problem.rows > 8, backend, maps is not None,
+           _routes.tuning_env())
+    hit = _routes_cache.get(key)
+    if hit is None:
+        v = _routes.select_paged_variant(info.cc, problem.head_dim, problem.dtype, problem.rows, backend,
+                                         tma_ok=maps is not None)
+        hit = _routes_cache.put(key, (v, _kernels.load(v, problem.device)))
+    return hit[0], hit[1], maps
+
+
+def row_blocks(problem: PagedProblem, variant: _routes.Variant) -> int:
+    return -(-problem.rows // variant.rows)
+
+
+def deterministic_split_subs(capacity: int, tok: int) -> tuple[int, int]:
+    """(splits, sub-tiles per split) of the batch-invariant mode for a capacity in tokens."""
+    nsub = -(-capacity // tok)
+    subs = max(1, DET_SPLIT_TOKENS // tok)
+    if -(-nsub // subs) > MAX_SPLITS:
+        subs = -(-nsub // MAX_SPLITS)
+    return max(1, -(-nsub // subs)), subs
+
+
+def splits_for(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded, deterministic: bool,
+               requested: int | None) -> tuple[int, int]:
+    """(num_splits, split_subs) of a launch."""
+    if deterministic:
+        if requested is not None:
+            raise ValueError("num_splits cannot be combined with deterministic=True: the batch-invariant mode fixes "
+                             f"the split size ({DET_SPLIT_TOKENS} tokens)")
+        return deterministic_split_subs(problem.capacity, variant.tiling.tok)
+    if requested is not None:
+        return requested, 0
+    info = _drv.device_info(problem.device)
+    rb = row_blocks(problem, variant)
+    return _routes.default_splits(variant, problem.batch * rb, problem.num_kv_heads, problem.capacity,
+                                  info.sm_count, loaded.ctas_per_sm), 0
+
+
+def workspace_sizes(problem: PagedProblem, variant: _routes.Variant, splits: int) -> dict:
+    units = problem.batch * problem.num_kv_heads * row_blocks(problem, variant)
+    rows = variant.rows
+    return {"ws_o": (units * splits * rows * problem.head_dim, "f32"),
+            "ws_ml": (units * splits * rows * 2, "f32"),
+            "counters": (units, "u32")}
+
+
+def _flags(problem: PagedProblem) -> int:
+    info = _drv.device_info(problem.device)
+    kv_bytes = problem.k.nbytes * (1 if problem.v is None else 2)
+    f = GQA_FLAG_L2_EVICT_FIRST if kv_bytes * 2 > info.l2_bytes else 0
+    return f | (GQA_PAGED_FLAG_HND if problem.layout == "HND" else 0)
+
+
+def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int, lse_ptr: int,
+                ws: Workspace | None, status_ptr: int, splits: int, split_subs: int) -> dict:
+    """The GqaPagedArgs block by field name (gqa/paged_args.py mirrors kernels/gqa/common/paged_args.cuh)."""
+    paged = problem.table is not None
+    return {
+        "q": problem.q.ptr, "k": problem.k_ptr, "v": problem.v_ptr, "out": out_ptr, "lse": lse_ptr,
+        "lengths": problem.lengths.ptr, "table": problem.table.ptr if paged else 0,
+        "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
+        "counters": ws.ptr("counters") if ws else 0, "status": status_ptr,
+        "page_stride": problem.page_stride, "tok_stride": problem.tok_stride, "head_stride": problem.head_stride,
+        "scale_log2": problem.sm_scale / _LN2,
+        "hkv": problem.num_kv_heads, "group": problem.group, "s_q": problem.s_q, "rows": problem.rows,
+        "row_blocks": row_blocks(problem, variant),
+        "page_shift": problem.page_size.bit_length() - 1 if paged else 0,
+        "num_pages": problem.num_pages, "table_stride": problem.table_stride, "capacity": problem.capacity,
+        "num_splits": splits, "split_subs": split_subs, "flags": _flags(problem),
+    }
+
+
+def param_values(variant: _routes.Variant, maps: tuple[bytes, bytes] | None, args: dict) -> tuple:
+    """One value per kernel parameter: (k_map, v_map, args) for the TMA family, (args,) otherwise."""
+    if variant.family.uses_tma:
+        assert maps is not None
+        return (maps[0], maps[1], args)
+    return (args,)
+
+
+def geometry(problem: PagedProblem, variant: _routes.Variant, splits: int) -> tuple[tuple, tuple, int]:
+    grid = (problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits, 1, 1)
+    return grid, variant.block, variant.dynamic_smem
+
+
+def _split_workspace(problem, variant, splits, stream, pooled: bool) -> Workspace | None:
+    if splits <= 1:
+        return None
+    sizes = workspace_sizes(problem, variant, splits)
+    if pooled:
+        return _workspace.pooled(problem.device, stream, sizes, WORKSPACE_ZERO)
+    return _workspace.alloc(problem.device, stream, sizes, WORKSPACE_ZERO)
+
+
+def _launch_streams(first: Any, tensors: tuple, stream: Any) -> tuple[int, int | None]:
+    """(launch stream, DLPack handshake stream) of a convenience call (inputs' producers ordered)."""
+    _drv.ensure_init()
+    dev = device_hint(first)
+    s = resolve_stream(stream, dev, _tensors.framework_of(first))
+    return s, order_inputs(tensors, dev, s)
+
+
+def _check_flags(return_lse: Any, deterministic: Any) -> None:
+    for name, v in (("return_lse", return_lse), ("deterministic", deterministic)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be True or False, got {v!r}")
+
+
+# ----------------------------------------------------------------------------- convenience call
+def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, deterministic: bool,
+                    splits_req: int | None, backend: str | None, out: Any, lse: Any) -> Any:
+    """Route, allocate what the caller did not give (on ``s``), launch; returns out or (out, lse)."""
+    variant, loaded, maps = route(problem, backend)
+    splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
+    dev = problem.device
+    o_arr = l_arr = None
+    with on_stream(s, dev):
+        if problem.out is None:
+            o_arr = _tensors.empty(problem.out_shape, problem.dtype, dev)
+        if want_lse and problem.lse is None:
+            l_arr = _tensors.empty(problem.lse_shape, "float32", dev)
+    out_ptr = problem.out.ptr if problem.out is not None else int(o_arr.data.ptr)
+    lse_ptr = problem.lse.ptr if problem.lse is not None else (int(l_arr.data.ptr) if l_arr is not None else 0)
+    ws = _split_workspace(problem, variant, splits, s, pooled=True)
+    args = args_fields(problem, variant, out_ptr=out_ptr, lse_ptr=lse_ptr, ws=ws, status_ptr=0, splits=splits,
+                       split_subs=subs)
+    grid, block, smem = geometry(problem, variant, splits)
+    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, param_values(variant, maps, args), dev)
+    with on_stream(s, dev):
+        o = out if out is not None else _tensors.export_like(o_arr, like)
+        if not want_lse:
+            return o
+        lo = lse if lse is not None else _tensors.export_like(l_arr, like)
+    return o, lo
+
+
+def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
+                     seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
+                     lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
+                     sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
+                     stream: StreamLike | None = None, backend: Backend | None = None) -> Any:
+    """GQA decode from a paged KV cache.
+
+    q [B, Hq, D] or [B, s_q, Hq, D] (s_q 1..16; query token j sees keys [0, L - (s_q - 1 - j)),
+    bottom-right causal), fp16 or bf16. kv_layout 'NHD': k_cache, v_cache [num_pages, page_size,
+    Hkv, D]; 'HND': [num_pages, Hkv, page_size, D]; v_cache=None: one combined k_cache [num_pages, 2,
+    page_size, Hkv, D] / [num_pages, 2, Hkv, page_size, D]. page_size a power of two; the page
+    dimension may have any stride; strides multiples of 8 elements. block_table int32 [B,
+    max_pages] (stride(1) == 1, any row stride), seq_lens int32 [B]: read on the device only;
+    lengths are clamped to [0, max_pages * page_size], table entries past a request's pages are
+    never read, and a page id outside [0, num_pages) reads as zeros (never a fault; reported by
+    ``check_status`` of a prepared launch).
+    Scale: softmax(sm_scale * q.k), sm_scale absolute (default 1/sqrt(D)) or q_scale = sm_scale *
+    sqrt(D); not both. ``return_lse=True`` (or ``lse`` given) returns (out, lse): lse fp32 [B, s_q,
+    Hq] (4-D q) or [B, Hq], natural log, +inf for a row without keys (whose out is 0).
+    ``deterministic=True``: batch-invariant, run-to-run identical results (module docstring).
+    ``num_splits``: None (heuristic) or 1..64. Asynchronous on ``stream`` (default: the current
+    stream of q's framework); outputs come back in q's framework.
+    """
+    _check_flags(return_lse, deterministic)
+    from .contract import check_scale_pair
+
+    check_scale_pair(q_scale, sm_scale)
+    b = _routes.check_backend(backend)
+    splits_req = check_num_splits(num_splits)
+    s, dl_stream = _launch_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream)
+    problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse, q_scale, sm_scale,
+                             stream=dl_stream)
+    return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, splits_req, b, out, lse)
+
+
+def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, return_lse: bool, deterministic: bool,
+                      q_scale: Any, sm_scale: Any, stream: Any, backend: Any) -> Any:
+    """gqa_decode for a 4-D q, an LSE output or deterministic=True (contiguous cache as pages)."""
+    _check_flags(return_lse, deterministic)
+    from .contract import check_scale_pair
+
+    check_scale_pair(q_scale, sm_scale)
+    b = _routes.check_backend(backend)
+    s, dl_stream = _launch_streams(q, (q, kv, lengths, out, lse), stream)
+    problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream)
+    return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, None, b, out, lse)
+
+
+# ----------------------------------------------------------------------------- prepared API
+@dataclasses.dataclass(frozen=True, repr=False)
+class PreparedGqaPagedDecode(PreparedGqaDecode[Any]):
+    """Result of ``prepare_gqa_decode_paged`` (and of ``prepare_gqa_decode`` for 4-D Q, LSE or
+    deterministic): ``launch_prepared`` returns out, or (out, lse) when lse was given.
+    ``check_status`` reports ``empty`` (length <= 0), ``clamped`` (length > capacity) and
+    ``bad_page`` (a used table entry outside [0, num_pages)) requests."""
+
+    def _decode_status(self, words: Any) -> dict[str, list[int]]:
+        w = words.reshape(self.batch, -1)
+        return {"empty": [i for i in range(self.batch) if w[i, 0] == 1],
+                "clamped": [i for i in range(self.batch) if w[i, 0] == 2],
+                "bad_page": [i for i in range(self.batch) if w[i, 1:].any()]}
+
+
+def prepare_problem(problem: PagedProblem, keep: tuple, result: Any, *, deterministic: bool,
+                    splits_req: int | None, backend: str | None, s: int) -> PreparedGqaPagedDecode:
+    """Route, compile, allocate the workspace and status, pack the launch once."""
+    variant, loaded, maps = route(problem, backend)
+    splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
+    ws = _split_workspace(problem, variant, splits, s, pooled=False)
+    import cupy
+
+    words = problem.batch * (1 + splits)
+    with cupy.cuda.Device(problem.device):
+        status = cupy.empty(words, dtype=cupy.uint32)
+    args = args_fields(problem, variant, out_ptr=problem.out.ptr, lse_ptr=problem.lse.ptr if problem.lse else 0,
+                       ws=ws, status_ptr=int(status.data.ptr), splits=splits, split_subs=subs)
+    grid, block, smem = geometry(problem, variant, splits)
+    pack = ArgPack(variant.family.signature).pack(*param_values(variant, maps, args))
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
+    drv = _drv.driver()
+    with _drv.device_scope(problem.device):
+        _drv.check(drv.cuMemsetD32Async(int(status.data.ptr), 0, words, s), "cuMemsetD32Async(status)")
+        # the workspace counters and the status must be zero before the first launch on any stream
+        _drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize(prepare)")
+    return PreparedGqaPagedDecode(
+        device=problem.device, _plans=(plan,), _out=result, _keep=keep + (ws, status), _status=status,
+        _status_names=STATUS_NAMES, route=variant.name, num_splits=splits, grid=grid, block=block, dynamic_smem=smem,
+        workspace_bytes=ws.nbytes if ws else 0, arch=loaded.arch, batch=problem.batch, capacity=problem.capacity,
+    )
+
+
+def prepare_gqa_decode_paged(*, q: DLPackArray, k_cache: DLPackArray, block_table: DLPackArray,
+                             seq_lens: DLPackArray, out: DLPackArray, v_cache: DLPackArray | None = None,
+                             lse: DLPackArray | None = None, kv_layout: str = "NHD", q_scale: float | None = None,
+                             sm_scale: float | None = None, deterministic: bool = False,
+                             num_splits: int | None = None, stream: StreamLike | None = None,
+                             backend: Backend | None = None) -> PreparedGqaPagedDecode:
+    """Validate, route, compile, allocate and pack a paged decode once (arguments as in
+    ``gqa_decode_paged``; ``out`` is required, ``lse`` optional). ``launch_prepared(p)`` then
+    launches it with no host work (graph-capturable); it reads ``seq_lens`` and ``block_table``
+    on the device at every launch, so in-place updates between graph replays are honoured. Call
+    outside CUDA-graph capture."""
+    _check_flags(False, deterministic)
+    from .contract import check_scale_pair
+
+    check_scale_pair(q_scale, sm_scale)
+    b = _routes.check_backend(backend)
+    splits_req = check_num_splits(num_splits)
+    if out is None:
+        raise ValueError("out (the output tensor) is required by the prepared API")
+    s, dl_stream = prepare_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream,
+                                   "prepare_gqa_decode_paged")
+    problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse,
+                             1.0 if q_scale is None else q_scale, sm_scale, stream=dl_stream)
+    result = out if lse is None else (out, lse)
+    return prepare_problem(problem, (q, k_cache, v_cache, block_table, seq_lens, out, lse), result,
+                           deterministic=deterministic, splits_req=splits_req, backend=b, s=s)

@@ -1,0 +1,83 @@
+// gqadrv — the argument block of the paged / multi-token GQA decode kernel
+// (kernels/gqa/sm80/decode_paged.cu) and the work of one of its CTAs:
+//   * GqaPagedArgs (filled by the host: gqadrv/gqa/paged_plan.py; mirrored in gqadrv/gqa/paged_args.py),
+//   * PagedSchedule: the (batch, KV head, row block, split) of a CTA and the sub-tiles of the
+//     device-side length it owns (paged_schedule).
+//
+// Cache addressing: element (page, token in page, KV head, d) of the K (or V) pool is at
+//   k + page * page_stride + token * tok_stride + head * head_stride + d          (elements)
+// which covers NHD [pages, page, Hkv, D], HND [pages, Hkv, page, D], the combined [pages, 2, ...]
+// forms (v = k + one K plane) and the contiguous [B, 2, Hkv, C, D] cache (table == null: request b
+// is page b of C tokens). Token t of request b lives on page table[b * table_stride + (t >> page_shift)]
+// at t & (2^page_shift - 1); table entries of tokens >= len are never read.
+//
+// Rows: the CTA's query rows are s_q * group (query token j, head h of the group) in the order
+// r = j * group + h, cut into row blocks of ROWS (the MMA rows); row r of token j sees keys
+// [0, len - (s_q - 1 - j)) (bottom-right causal; all keys when s_q == 1).
+#pragma once
+#include "args.cuh"
+
+struct GqaPagedArgs {
+  const u16* q;          // [B, s_q, Hq, D]
+  const u16* k;          // K pool (see above)
+  const u16* v;          // V pool, same strides
+  u16* out;              // [B, s_q, Hq, D]
+  float* lse;            // [B, s_q, Hq] natural log (+inf: no key), or null
+  const i32* lengths;    // [B]
+  const i32* table;      // [B, table_stride] page ids, or null (contiguous cache: page = request)
+  float* ws_o;           // [units, S, ROWS, D] fp32 partial numerators (splits > 1), units = B*Hkv*row_blocks
+  float* ws_ml;          // [units, S, ROWS, 2] {max (log2 domain), denominator}
+  u32* counters;         // [units] arrival tickets, zero between launches
+  u32* status;           // [B, 1 + S] or null: word 0 length code (0 ok, 1 len <= 0, 2 len > capacity),
+                         // word 1 + s: 1 if split s met a page id outside [0, num_pages)
+  long long page_stride; // elements
+  long long tok_stride;  // elements
+  long long head_stride; // elements
+  float scale_log2;      // sm_scale / ln 2
+  int hkv;
+  int group;
+  int s_q;
+  int rows;              // s_q * group
+  int row_blocks;        // ceil(rows / ROWS)
+  int page_shift;        // log2(page size) (table != null)
+  int num_pages;         // valid page ids: [0, num_pages)
+  int table_stride;      // elements between table rows
+  int capacity;          // max_pages * page size (contiguous: C); lengths clamp to [0, capacity]
+  int num_splits;
+  int split_subs;        // > 0: split s owns sub-tiles [s * split_subs, (s + 1) * split_subs) (batch-invariant
+                         // mode, merged in split order); 0: sub-tiles of len balanced over the splits
+  int flags;             // GQA_FLAG_L2_EVICT_FIRST (args.cuh), GQA_PAGED_FLAG_HND
+};
+// The TMA kernel's tensor maps are HND-ordered (D, page, Hkv, pages) instead of NHD-ordered
+// (D, Hkv, page, pages): the box coordinates swap.
+#define GQA_PAGED_FLAG_HND 4
+
+struct PagedSchedule {
+  int b, kvh, rb, split;
+  long long unit;        // (b * hkv + kvh) * row_blocks + rb
+  int raw_len, len;      // as stored / clamped to [0, capacity]
+  int sub_begin, sub_end;
+};
+
+GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
+  PagedSchedule s;
+  s.split = (int)blockIdx.x % a.num_splits;
+  const int unit = (int)blockIdx.x / a.num_splits;
+  s.unit = unit;
+  s.rb = unit % a.row_blocks;
+  const int bh = unit / a.row_blocks;
+  s.b = bh / a.hkv;
+  s.kvh = bh - s.b * a.hkv;
+  s.raw_len = a.lengths[s.b];
+  s.len = s.raw_len < 0 ? 0 : (s.raw_len > a.capacity ? a.capacity : s.raw_len);
+  const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
+  if (a.split_subs > 0) {
+    const long long beg = (long long)s.split * a.split_subs;
+    s.sub_begin = beg < nsub ? (int)beg : nsub;
+    s.sub_end = s.sub_begin + a.split_subs < nsub ? s.sub_begin + a.split_subs : nsub;
+  } else {
+    s.sub_begin = split_point(nsub, s.split, a.num_splits);
+    s.sub_end = split_point(nsub, s.split + 1, a.num_splits);
+  }
+  return s;
+}

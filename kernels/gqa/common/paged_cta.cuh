@@ -1,0 +1,76 @@
+// gqadrv — CTA pieces shared by the paged GQA kernels (sm80/decode_paged.cu, cp.async;
+// sm90/decode_paged_tma.cu, TMA):
+//   * paged_load_q: this lane's two query rows of the CTA's row block (row r = j * group + h of the
+//     request's s_q x group rows) into the WarpDecoder, with their causal shifts s_q - 1 - j,
+//   * paged_cta_tail: warp states -> merge area -> status words -> cta_epilogue_rows (output rows
+//     of [B, s_q, Hq, D], natural-log LSE, split partials and the ordered merge of the
+//     batch-invariant mode).
+#pragma once
+#include "paged_args.cuh"
+#include "cta.cuh"
+
+template <int DT, int D, int ROWS, int TOK>
+GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const GqaPagedArgs& a,
+                                const PagedSchedule& sc, int lane) {
+  const int hq = a.hkv * a.group;
+  const int row0 = sc.rb * ROWS;
+  auto q_row = [&](int r) -> const u16* {
+    const int gr = row0 + r;
+    if (gr >= a.rows) return nullptr;
+    const int j = gr / a.group;
+    return a.q + (((long long)sc.b * a.s_q + j) * hq + (long long)sc.kvh * a.group + (gr - j * a.group)) * D;
+  };
+  auto shift = [&](int r) -> int {
+    const int gr = row0 + r;
+    return gr >= a.rows ? 0 : a.s_q - 1 - gr / a.group;
+  };
+  const int g = lane >> 2;
+  dec.load_q(q_row(g), ROWS == 16 ? q_row(g + 8) : nullptr);
+  dec.set_causal(shift(g), ROWS == 16 ? shift(g + 8) : 0, a.s_q - 1 - row0 / a.group);
+}
+
+// Called by all W * 32 threads after every warp's last step (no copy in flight). `bad` = this
+// lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory.
+template <int W, int DT, int D, int ROWS, int TOK>
+GQADRV_DEVICE void paged_cta_tail(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const GqaPagedArgs& a,
+                                  const PagedSchedule& sc, u8* smem, u32* s_ticket, u32* s_bad, bool bad,
+                                  int warp, int lane) {
+  {
+    const bool any_bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) s_bad[warp] = any_bad ? 1u : 0u;
+  }
+  dec.finish();
+  __syncthreads();  // every warp has read its slots: the bytes become the merge area
+  using MA = MergeArea<D, ROWS, W>;
+  const int row0 = sc.rb * ROWS;
+  const int rows_here = a.rows - row0 < ROWS ? a.rows - row0 : ROWS;
+  dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), rows_here);
+  __syncthreads();
+  if (a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0) {
+    u32* st = a.status + (long long)sc.b * (1 + a.num_splits);
+    if (sc.split == 0) st[0] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
+    u32 b = 0u;
+#pragma unroll
+    for (int w = 0; w < W; ++w) b |= s_bad[w];
+    st[1 + sc.split] = b;
+  }
+  const int hq = a.hkv * a.group;
+  EpilogueTarget tg;
+  tg.out = a.out;
+  tg.lse = a.lse;
+  tg.ws_o = a.ws_o;
+  tg.ws_ml = a.ws_ml;
+  tg.counters = a.counters;
+  tg.trace = a.status;
+  tg.out_row0 = (long long)sc.b * a.s_q * hq + (long long)sc.kvh * a.group;
+  tg.unit = sc.unit;
+  tg.split = sc.split;
+  tg.S = a.num_splits;
+  tg.rows = rows_here;
+  tg.ws_rows = ROWS;
+  tg.first_row = row0;
+  tg.group = a.group;
+  tg.row_step = hq;
+  tg.fixed_order = a.split_subs > 0;
+  cta_epilogue_rows<DT, D, ROWS, W, W * 32, true, true>(tg, smem, s_ticket);
+}

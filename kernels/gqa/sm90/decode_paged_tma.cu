@@ -1,0 +1,125 @@
+// gqadrv — GQA decode from paged KV caches, TMA route (sm_90a; the same source builds for sm_100a
+// and sm_110a). Multi-token queries, LSE and the batch-invariant split mode as the cp.async paged
+// kernel (sm80/decode_paged.cu), whose schedule, row blocks and tail it shares
+// (gqa/common/paged_cta.cuh). Entry point gqa_decode_paged_tma(TmaDesc k_map, TmaDesc v_map,
+// GqaPagedArgs). Host: gqadrv/gqa/paged.py (used for page sizes >= 16).
+//
+// CTA work   one (batch b, KV head kvh, row block rb, split s) of the grid B*Hkv*RB*S, as in the
+//            cp.async kernel: ROWS query rows against the split's sub-tiles of TOK tokens.
+// Warps      GQA_WARPS identical consumer warps, no producer warp: warp w takes sub-tiles
+//            begin+w, begin+w+W, ... ; its lanes 0..NBOX-1 load the page ids of the sub-tile's
+//            boxes one ring step ahead (block table, never past len), lane 0 issues the TMA loads
+//            of its private ring. A sub-tile is NBOX = TOK / min(TOK, page) boxes of
+//            min(TOK, page) tokens per 64-channel block, each inside one page.
+// Tiles      4-D tensor maps over the K and V pools: NHD (D, Hkv, page, pages), box
+//            {64, 1, BT, 1}; HND (D, page, Hkv, pages), box {64, BT, 1, 1} (GQA_PAGED_FLAG_HND);
+//            128B swizzle, so a slot holds D/64 blocks of TOK rows x 128 B exactly as the other
+//            routes (WarpDecoder<..., CAUSAL = true>, mma.sync m16n8k16). Boxes of tokens >= len
+//            use page coordinate -1 and page ids outside [0, num_pages) are out of the map: TMA
+//            fills both with zeros without reading memory (still counted by complete_tx).
+// Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 blocks of TOK x 128 B, 1024-byte
+//            aligned), reused after the loop as the MergeArea and the split-merge scratch;
+//            mbarriers full[W][STAGES] in static shared memory.
+// Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*NB*NBOX boxes complete it;
+//            parity (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by lane 0
+//            after __syncwarp + fence.proxy.async (its readers are its own warp). __syncthreads
+//            before the warp states become the merge area and before the merge; split ticket:
+//            cta_epilogue_rows (gqa/common/cta.cuh).
+#include "../common/config.cuh"
+#include "../common/paged_cta.cuh"
+
+namespace {
+constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
+              STAGES = GQA_STAGES;
+constexpr int NB = D / 64;
+constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+constexpr int LOG2_TOK = TOK == 16 ? 4 : (TOK == 32 ? 5 : 6);
+static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(W * 32, 1)
+    gqa_decode_paged_tma(const __grid_constant__ TmaDesc k_map, const __grid_constant__ TmaDesc v_map,
+                         const GqaPagedArgs args) {
+  extern __shared__ __align__(1024) u8 smem[];
+  __shared__ __align__(8) u64 full_bar[W][STAGES];
+  __shared__ u32 s_ticket;
+  __shared__ u32 s_bad[W];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(&full_bar[warp][s]), 1);
+    fence_mbarrier_init();
+    if (warp == 0) {
+      tma_prefetch_desc(&k_map);
+      tma_prefetch_desc(&v_map);
+    }
+  }
+  __syncwarp();
+  pdl_wait();
+  const PagedSchedule sc = paged_schedule(args, TOK);
+  const int first = sc.sub_begin + warp;
+  const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
+  u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
+  const u64 policy = (args.flags & GQA_FLAG_L2_EVICT_FIRST) ? l2_policy_evict_first() : l2_policy_evict_normal();
+  const bool hnd = (args.flags & GQA_PAGED_FLAG_HND) != 0;
+  const int bshift = args.page_shift < LOG2_TOK ? args.page_shift : LOG2_TOK;  // log2 of box rows
+  const int nbox = TOK >> bshift;                                                // 1 .. TOK / 16 (page >= 16)
+  const int in_page = (1 << args.page_shift) - 1;
+  const int* trow = args.table + (long long)sc.b * args.table_stride;
+  bool bad = false;
+
+  // Page id of box `lane` of this warp's i-th sub-tile (lanes < nbox): -1 past len (no table read).
+  auto fetch = [&](int i) -> int {
+    const int t = (first + i * W) * TOK + (lane << bshift);
+    if (i >= count || lane >= nbox || t >= sc.len) return -1;
+    return __ldg(trow + (t >> args.page_shift));
+  };
+  auto issue = [&](int i, int my_pg) {  // all lanes (shuffles); lane 0 issues
+    const int tok0 = (first + i * W) * TOK;
+    if (lane < nbox && tok0 + (lane << bshift) < sc.len && (unsigned)my_pg >= (unsigned)args.num_pages) bad = true;
+    const int slot_idx = i % STAGES;
+    const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
+    const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
+    if (lane == 0) mbar_arrive_expect_tx(bar, SLOT_BYTES);
+    for (int k = 0; k < nbox; ++k) {
+      const int pg = __shfl_sync(0xffffffffu, my_pg, k);
+      if (lane == 0) {
+        const int tin = (tok0 + (k << bshift)) & in_page;
+        const int c1 = hnd ? tin : sc.kvh, c2 = hnd ? sc.kvh : tin;
+#pragma unroll
+        for (int cb = 0; cb < NB; ++cb) {
+          const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
+          tma_load_4d(dst, &k_map, bar, 64 * cb, c1, c2, pg, policy);
+          tma_load_4d(dst + SLOT_BYTES / 2, &v_map, bar, 64 * cb, c1, c2, pg, policy);
+        }
+      }
+    }
+  };
+
+  int pg[STAGES];
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) pg[s] = fetch(s);
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s)
+    if (s < count) issue(s, pg[s]);
+
+  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  dec.init(lane);
+  paged_load_q(dec, args, sc, lane);
+  pdl_launch_dependents();
+
+  for (int i = 0; i < count; ++i) {
+    const int nxt = fetch(i + STAGES);  // in flight during this step
+    const int slot = i % STAGES;
+    mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)((i / STAGES) & 1));
+    SwizzledSmemChunks src{ring + (size_t)slot * SLOT_BYTES};
+    dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
+    __syncwarp();
+    if (i + STAGES < count) {
+      if (lane == 0) fence_proxy_async_smem();
+      issue(i + STAGES, nxt);
+    }
+  }
+  paged_cta_tail<W>(dec, args, sc, smem, &s_ticket, s_bad, bad, warp, lane);
+}

@@ -1,0 +1,138 @@
+"""CPU tests of the paged GQA host side: the argument mirror, the contract (with fake CUDA arrays),
+the address formula of every layout, the TMA map description, the split rules and routing."""
+
+import re
+
+import numpy as np
+import pytest
+
+from gqadrv.gqa import paged, paged_args, routes
+from gqadrv.gqa.paged_contract import contiguous_problem, validate_paged
+from tests.fakes import fake
+
+
+def test_paged_argument_block_layout():
+    from gqadrv.runtime.compiler import kernels_root
+    from tests.helpers import c_struct_fields, python_struct_fields
+
+    text = (kernels_root() / "gqa" / "common" / "paged_args.cuh").read_text()
+    c = [(n, o, "Q" if ch in "qQ" else ch) for n, o, ch in c_struct_fields(text, "GqaPagedArgs")]
+    assert c == python_struct_fields(paged_args.GQA_PAGED_ARGS)
+    assert int(re.search(r"#define GQA_PAGED_FLAG_HND (\d+)", text).group(1)) == paged_args.GQA_PAGED_FLAG_HND
+    assert paged_args.SIG_PAGED_TMA.offsets[:2] == (0, 128)
+
+
+def _element_offset(p, page, tok, head):
+    return p.page_stride * page + p.tok_stride * tok + p.head_stride * head
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("combined", [False, True])
+def test_address_formula_matches_numpy_indexing(layout, combined):
+    """The kernel's element address page*page_stride + tok*tok_stride + head*head_stride (+ d) is
+    the numpy address of k[page, tok, head] (NHD) / k[page, head, tok] (HND) for every form."""
+    P, page, Hkv, D = 5, 4, 3, 64
+    inner = (page, Hkv, D) if layout == "NHD" else (Hkv, page, D)
+    shape = (P, 2) + inner if combined else (P,) + inner
+    data = np.arange(np.prod(shape)).reshape(shape)  # exact positions
+    k = fake(shape)
+    v = None if combined else fake(shape)
+    q = fake((2, 6, D))
+    p = validate_paged(q, k, v, fake((2, 3), np.int32), fake((2,), np.int32), layout, None, None, 1.0, None,
+                       stream=None)
+    flat = data.reshape(-1)
+    kview = data[:, 0] if combined else data
+    for pg, tok, h in [(0, 0, 0), (4, 3, 2), (2, 1, 1)]:
+        want = kview[pg, tok, h, 0] if layout == "NHD" else kview[pg, h, tok, 0]
+        assert flat[_element_offset(p, pg, tok, h)] == want
+    if combined:
+        assert (p.v_ptr - p.k_ptr) // 2 == int(np.prod(shape[2:]))
+
+
+def test_contiguous_cache_is_one_page_per_request():
+    B, Hkv, C, D = 3, 2, 40, 64
+    kv = np.arange(B * 2 * Hkv * C * D).reshape(B, 2, Hkv, C, D)
+    p = contiguous_problem(fake((B, 4, D)), fake((B, 2, Hkv, C, D)), fake((B,), np.int32), None, None, 1.0, None,
+                           stream=None)
+    assert p.table is None and p.num_pages == B and p.capacity == C and p.layout == "contiguous"
+    flat = kv.reshape(-1)
+    assert flat[_element_offset(p, 2, 7, 1)] == kv[2, 0, 1, 7, 0]
+    assert flat[_element_offset(p, 2, 7, 1) + (p.v_ptr - p.k_ptr) // 2] == kv[2, 1, 1, 7, 0]
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (dict(kv_layout="XYZ"), ValueError, "kv_layout"),
+    (dict(page=3), ValueError, "power of two"),
+    (dict(table_dtype=np.int64), TypeError, "int32"),
+    (dict(s_q=17), ValueError, "s_q"),
+    (dict(v_shape=(10, 16, 2, 128)), ValueError, "shape of k_cache"),
+    (dict(lse_shape=(2, 8)), ValueError, "lse must have shape"),
+    (dict(group=3), ValueError, "multiple of num_kv_heads"),
+    (dict(lens_dtype=np.int64), TypeError, "int32"),
+])
+def test_paged_contract_errors(bad, exc, match):
+    page = bad.get("page", 16)
+    s_q = bad.get("s_q", 2)
+    Hq = 6 if bad.get("group") else 8
+    q = fake((2, s_q, Hq, 128))
+    k = fake((10, page, 4, 128))
+    v = fake(bad.get("v_shape", (10, page, 4, 128)))
+    t = fake((2, 5), bad.get("table_dtype", np.int32))
+    lens = fake((2,), bad.get("lens_dtype", np.int32))
+    lse = fake(bad["lse_shape"], np.float32) if "lse_shape" in bad else None
+    with pytest.raises(exc, match=match):
+        validate_paged(q, k, v, t, lens, bad.get("kv_layout", "NHD"), None, lse, 1.0, None, stream=None)
+
+
+def test_strides_must_be_16_byte_multiples():
+    big = np.zeros((10, 16, 4, 136), np.float16)[:, :, :, :128]   # row stride 136: fine (multiple of 8)
+    ok = validate_paged(fake((2, 8, 128)), _wrap(big), _wrap(big), fake((2, 3), np.int32), fake((2,), np.int32),
+                        "NHD", None, None, 1.0, None, stream=None)
+    assert ok.head_stride == 136
+    odd = np.zeros((10, 16, 4, 132), np.float16)[:, :, :, :128]
+    with pytest.raises(ValueError, match="multiples of 8"):
+        validate_paged(fake((2, 8, 128)), _wrap(odd), _wrap(odd), fake((2, 3), np.int32), fake((2,), np.int32),
+                       "NHD", None, None, 1.0, None, stream=None)
+
+
+def _wrap(a):
+    from tests.fakes import FakeCudaArray
+
+    return FakeCudaArray(a)
+
+
+def test_deterministic_split_size_is_fixed():
+    # 2048 tokens per split whatever the capacity, until 64 splits are not enough
+    assert paged.deterministic_split_subs(4096, 32) == (2, 64)
+    assert paged.deterministic_split_subs(100, 32) == (1, 64)
+    assert paged.deterministic_split_subs(2048 * 64, 16) == (64, 128)
+    s, subs = paged.deterministic_split_subs(2048 * 64 + 1, 16)
+    assert s <= 64 and s * subs * 16 >= 2048 * 64 + 1
+
+
+def test_tma_map_description_per_layout():
+    for layout, shape in (("NHD", (10, 16, 4, 128)), ("HND", (10, 4, 16, 128))):
+        p = validate_paged(fake((2, 8, 128)), fake(shape), fake(shape), fake((2, 3), np.int32),
+                           fake((2,), np.int32), layout, None, None, 1.0, None, stream=None)
+        k, v = paged._tma_specs(p, 32)
+        if layout == "NHD":
+            assert k.dims == (128, 4, 16, 10) and k.box == (64, 1, 16, 1)
+            assert k.strides == (256, 4 * 256, 16 * 4 * 256)
+        else:
+            assert k.dims == (128, 16, 4, 10) and k.box == (64, 16, 1, 1)
+            assert k.strides == (256, 16 * 256, 16 * 4 * 256)
+        assert v.dims == k.dims
+
+
+def test_paged_routes():
+    v = routes.select_paged_variant((9, 0), 128, "float16", 16, tma_ok=True)
+    assert v.family.name == "paged_tma" and v.rows == 16
+    assert routes.select_paged_variant((9, 0), 128, "float16", 4, tma_ok=False).family.name == "paged"
+    assert routes.select_paged_variant((9, 0), 128, "float16", 4, "portable", tma_ok=True).family.name == "paged"
+    assert routes.select_paged_variant((8, 0), 64, "bfloat16", 32).family.name == "paged"
+    assert routes.select_paged_variant((10, 0), 256, "float16", 8).rows == 8
+    with pytest.raises(RuntimeError, match="compute capability"):
+        routes.select_paged_variant((8, 6), 128, "float16", 4, "hopper")
+    for arch in ("sm_80", "sm_90a", "sm_100a", "sm_110a"):
+        names = {x.family.name for x in routes.variants_for_arch(arch)}
+        assert "paged" in names and (("paged_tma" in names) == (arch != "sm_80"))
