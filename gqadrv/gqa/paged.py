@@ -98,9 +98,12 @@ def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
     return hit
 
 
-def route(problem: PagedProblem, backend: str | None) -> tuple[_routes.Variant, Loaded, tuple[bytes, bytes] | None]:
+def route(problem: PagedProblem, backend: str | None,
+          deterministic: bool = False) -> tuple[_routes.Variant, Loaded, tuple[bytes, bytes] | None]:
     """(variant, loaded kernel, tensor maps or None): the TMA route on sm_90 for TMA-describable
-    pools with page size >= TMA_MIN_PAGE (unless backend 'portable'), the cp.async route otherwise."""
+    pools with page size >= TMA_MIN_PAGE (unless backend 'portable'), the cp.async route otherwise.
+    The batch-invariant mode skips the large-batch rule, so a request's kernel (and with it the
+    order of its sums) never depends on the batch it is in."""
     info = _drv.device_info(problem.device)
     maps = None
     forced = _routes._backend_override(backend)
@@ -108,7 +111,8 @@ def route(problem: PagedProblem, backend: str | None) -> tuple[_routes.Variant, 
         # the large-batch rule of the contiguous routes (routes.prefers_portable): from two waves
         # of CTAs on, the cp.async kernel streams a cold cache faster (docs/RESULTS.md, paged table)
         units = problem.batch * problem.num_kv_heads * -(-problem.rows // (8 if problem.rows <= 8 else 16))
-        if forced == "hopper" or not _routes.prefers_portable(info.cc, problem.head_dim, units, info.sm_count):
+        if forced == "hopper" or deterministic or not _routes.prefers_portable(info.cc, problem.head_dim, units,
+                                                                                info.sm_count):
             maps = tma_maps(problem)
     key = (problem.device, problem.head_dim, problem.dtype, problem.rows > 8, backend, maps is not None,
            _routes.tuning_env())
@@ -223,7 +227,7 @@ def _check_flags(return_lse: Any, deterministic: Any) -> None:
 def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, deterministic: bool,
                     splits_req: int | None, backend: str | None, out: Any, lse: Any) -> Any:
     """Route, allocate what the caller did not give (on ``s``), launch; returns out or (out, lse)."""
-    variant, loaded, maps = route(problem, backend)
+    variant, loaded, maps = route(problem, backend, deterministic)
     splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
     dev = problem.device
     o_arr = l_arr = None
@@ -313,7 +317,7 @@ class PreparedGqaPagedDecode(PreparedGqaDecode[Any]):
 def prepare_problem(problem: PagedProblem, keep: tuple, result: Any, *, deterministic: bool,
                     splits_req: int | None, backend: str | None, s: int) -> PreparedGqaPagedDecode:
     """Route, compile, allocate the workspace and status, pack the launch once."""
-    variant, loaded, maps = route(problem, backend)
+    variant, loaded, maps = route(problem, backend, deterministic)
     splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
     ws = _split_workspace(problem, variant, splits, s, pooled=False)
     import cupy

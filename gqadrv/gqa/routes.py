@@ -143,7 +143,9 @@ _TILINGS = {
     ("paged", 128): Tiling(4, 16, 3),
     ("paged", 256): Tiling(4, 16, 1),
     ("paged_tma", 64): Tiling(4, 32, 4),
-    ("paged_tma", 128): Tiling(4, 32, 2),
+    # 8 warps x 1 stage: B16 L4K page 16 64.9 us hot / 76.5 cold vs 66.7 / 78.4 with (4, 32, 2);
+    # B1 L32K 37.5 / 45.6 vs 37.2 / 46.5 (docs/RESULTS.md, paged decode tilings)
+    ("paged_tma", 128): Tiling(8, 32, 1),
     ("paged_tma", 256): Tiling(4, 16, 2),
 }
 

@@ -243,7 +243,9 @@ def test_s_q1_contiguous_and_paged_agree_and_lse_merges(dtype):
 
 # ----------------------------------------------------------------------------- batch invariance
 TARGET_LEN = 3000
-INV_HQ, INV_HKV, INV_D, INV_PAGE, INV_MAX_PAGES = 16, 4, 128, 16, 256   # group 4, capacity 4096
+INV_HQ, INV_HKV, INV_D, INV_PAGE, INV_MAX_PAGES = 32, 8, 128, 16, 256   # group 4, capacity 4096; B 64 x 8 KV heads
+# = 512 CTAs is past the large-batch rule of the default route (cp.async from 2 waves on), which the
+# batch-invariant mode must not follow
 BATCH_PLACES = [(1, 0), (7, 0), (7, 3), (7, 6), (64, 0), (64, 31), (64, 63)]
 
 
