@@ -2,6 +2,9 @@
 
     import gqadrv.jax as gj
     out = jax.jit(gj.gqa_decode)(q, kv, lengths)
+    out, lse = gj.gqa_decode(q4, kv, lengths, return_lse=True)
+    out = gj.gqa_decode_paged(q, k_pages, v_pages, block_table, seq_lens)
+    v, s = gj.merge_state(v_a, s_a, v_b, s_b)
     out, lse = gj.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512)
 
 Each call becomes one XLA custom call whose Python callback receives JAX's CUDA stream
@@ -38,10 +41,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .gqa.api import gqa_decode as _gqa_decode
+from .gqa.merge import merge_state as _merge_state
+from .gqa.merge import merge_states as _merge_states
+from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .runtime.driver import device_scope
 
-__all__ = ["flash_mla_with_kvcache", "gqa_decode"]
+__all__ = ["flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state", "merge_states"]
 
 _CACHE = 256  # compiled-callable cache entries per op (static options x shapes)
 
@@ -91,20 +97,122 @@ def _gqa_callable(shape: tuple[int, ...], dtype: Any, q_scale: float, sm_scale: 
     return cast("Callable[..., Any]", buffer_callback(run, _sds(shape, dtype)))
 
 
+@functools.lru_cache(maxsize=_CACHE)
+def _gqa_lse_callable(shape: tuple[int, ...], dtype: Any, q_scale: float, sm_scale: float | None,
+                      deterministic: bool, backend: str | None) -> Callable[..., Any]:
+    """gqa_decode with the LSE output (and/or the batch-invariant mode): two outputs."""
+    scale_kw = {} if sm_scale is None else {"sm_scale": sm_scale}
+
+    def run(ctx: Any, outs: Any, q: Any, kv: Any, lengths: Any) -> None:
+        out, lse = outs
+        stream, ordinal = _cuda_target(ctx, q)
+        with device_scope(ordinal):
+            _gqa_decode(q, kv, lengths, out=out, lse=lse, q_scale=q_scale, deterministic=deterministic,
+                        stream=stream, backend=backend, **scale_kw)  # type: ignore[arg-type]
+
+    return cast("Callable[..., Any]", buffer_callback(run, (_sds(shape, dtype), _sds(shape[:-1], jnp.float32))))
+
+
 def gqa_decode(q: jax.Array, kv: jax.Array, sequence_lengths: jax.Array, *, q_scale: float = 1.0,
-               sm_scale: float | None = None, backend: str | None = None) -> jax.Array:
+               sm_scale: float | None = None, backend: str | None = None, return_lse: bool = False,
+               deterministic: bool = False) -> Any:
     """``gqadrv.gqa_decode`` as an XLA custom call (usable under ``jax.jit``, ``lax.scan``, ...).
 
-    q [B, Hq, D], kv [B, 2, Hkv, C, D], sequence_lengths int32 [B]; returns a new JAX array
-    [B, Hq, D] of q's dtype. Softmax scale ``q_scale / sqrt(D)``, or the absolute ``sm_scale`` where
-    the installed gqadrv supports it (forwarded only when not None).
+    q [B, Hq, D] or [B, s_q, Hq, D], kv [B, 2, Hkv, C, D], sequence_lengths int32 [B]; returns a new
+    JAX array of q's shape and dtype, and with ``return_lse=True`` also the fp32 LSE [B, Hq] /
+    [B, s_q, Hq]. Softmax scale ``q_scale / sqrt(D)``, or the absolute ``sm_scale`` (forwarded only
+    when not None). ``return_lse`` and ``deterministic`` are static.
     """
-    if jnp.ndim(q) != 3 or jnp.ndim(kv) != 5:
-        raise ValueError(f"gqadrv.jax.gqa_decode expects q [B, Hq, D] and kv [B, 2, Hkv, C, D], got q of rank "
-                         f"{jnp.ndim(q)} and kv of rank {jnp.ndim(kv)}")
-    fn = _gqa_callable(tuple(q.shape), jnp.dtype(q.dtype), _static_float("q_scale", q_scale),
-                       _static_float("sm_scale", sm_scale), backend)
-    return fn(q, kv, sequence_lengths)  # type: ignore[no-any-return]
+    if jnp.ndim(q) not in (3, 4) or jnp.ndim(kv) != 5:
+        raise ValueError(f"gqadrv.jax.gqa_decode expects q [B, Hq, D] or [B, s_q, Hq, D] and kv [B, 2, Hkv, C, D], "
+                         f"got q of rank {jnp.ndim(q)} and kv of rank {jnp.ndim(kv)}")
+    qs, sm = _static_float("q_scale", q_scale), _static_float("sm_scale", sm_scale)
+    if return_lse or deterministic or jnp.ndim(q) == 4:
+        fn = _gqa_lse_callable(tuple(q.shape), jnp.dtype(q.dtype), qs, sm, bool(deterministic), backend)
+        out, lse = fn(q, kv, sequence_lengths)
+        return (out, lse) if return_lse else out
+    fn = _gqa_callable(tuple(q.shape), jnp.dtype(q.dtype), qs, sm, backend)
+    return fn(q, kv, sequence_lengths)
+
+
+# ----------------------------------------------------------------------------- paged GQA decode
+@functools.lru_cache(maxsize=_CACHE)
+def _paged_callable(shape: tuple[int, ...], dtype: Any, combined: bool, kv_layout: str, q_scale: float,
+                    sm_scale: float | None, deterministic: bool, num_splits: int | None,
+                    backend: str | None) -> Callable[..., Any]:
+    scale_kw = {} if sm_scale is None else {"sm_scale": sm_scale}
+
+    def launch(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any) -> None:
+        out, lse = outs
+        stream, ordinal = _cuda_target(ctx, q)
+        with device_scope(ordinal):
+            _gqa_decode_paged(q, k, v, table, lens, kv_layout=kv_layout, out=out, lse=lse, q_scale=q_scale,
+                              deterministic=deterministic, num_splits=num_splits, stream=stream,
+                              backend=backend, **scale_kw)  # type: ignore[arg-type]
+
+    def run_combined(ctx: Any, outs: Any, q: Any, k: Any, table: Any, lens: Any) -> None:
+        launch(ctx, outs, q, k, None, table, lens)
+
+    def run_separate(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any) -> None:
+        launch(ctx, outs, q, k, v, table, lens)
+
+    result = (_sds(shape, dtype), _sds(shape[:-1], jnp.float32))
+    return cast("Callable[..., Any]", buffer_callback(run_combined if combined else run_separate, result))
+
+
+def gqa_decode_paged(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array | None, block_table: jax.Array,
+                     seq_lens: jax.Array, *, kv_layout: str = "NHD", q_scale: float = 1.0,
+                     sm_scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
+                     num_splits: int | None = None, backend: str | None = None) -> Any:
+    """``gqadrv.gqa_decode_paged`` as an XLA custom call: new out (q's shape) and, with
+    ``return_lse=True``, the fp32 LSE. Tables and lengths are read on the device (one compilation
+    serves every value); ``kv_layout``, the scales, ``deterministic`` and ``num_splits`` are static."""
+    if jnp.ndim(q) not in (3, 4):
+        raise ValueError(f"gqadrv.jax.gqa_decode_paged expects q [B, Hq, D] or [B, s_q, Hq, D], got rank {jnp.ndim(q)}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
+        raise TypeError(f"num_splits must be None or a static int, got {type(num_splits).__name__}")
+    fn = _paged_callable(tuple(q.shape), jnp.dtype(q.dtype), v_cache is None, str(kv_layout),
+                         _static_float("q_scale", q_scale), _static_float("sm_scale", sm_scale), bool(deterministic),
+                         num_splits, backend)
+    args = (q, k_cache, block_table, seq_lens) if v_cache is None else (q, k_cache, v_cache, block_table, seq_lens)
+    out, lse = fn(*args)
+    return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------- LSE state merge
+@functools.lru_cache(maxsize=_CACHE)
+def _merge_callable(v_shape: tuple[int, ...], dtype: Any, stacked: bool) -> Callable[..., Any]:
+    shape = (v_shape[0],) + v_shape[2:] if stacked else v_shape
+    result = (_sds(shape, dtype), _sds(shape[:-1], jnp.float32))
+
+    def run_pair(ctx: Any, outs: Any, v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> None:
+        out, lse = outs
+        stream, ordinal = _cuda_target(ctx, v_a)
+        with device_scope(ordinal):
+            _merge_state(v_a, s_a, v_b, s_b, out=out, out_lse=lse, stream=stream)
+
+    def run_stacked(ctx: Any, outs: Any, v: Any, s: Any) -> None:
+        out, lse = outs
+        stream, ordinal = _cuda_target(ctx, v)
+        with device_scope(ordinal):
+            _merge_states(v, s, out=out, out_lse=lse, stream=stream)
+
+    return cast("Callable[..., Any]", buffer_callback(run_stacked if stacked else run_pair, result))
+
+
+def merge_state(v_a: jax.Array, s_a: jax.Array, v_b: jax.Array, s_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``gqadrv.merge_state`` as an XLA custom call: new (v, s)."""
+    out, lse = _merge_callable(tuple(v_a.shape), jnp.dtype(v_a.dtype), False)(v_a, s_a, v_b, s_b)
+    return out, lse
+
+
+def merge_states(v: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``gqadrv.merge_states`` (stacked form: v [N, K, H, D], s [N, K, H]) as an XLA custom call:
+    new (v [N, H, D], s [N, H])."""
+    if jnp.ndim(v) != 4:
+        raise ValueError(f"gqadrv.jax.merge_states expects stacked states v [N, K, H, D], got rank {jnp.ndim(v)}")
+    out, lse = _merge_callable(tuple(v.shape), jnp.dtype(v.dtype), True)(v, s)
+    return out, lse
 
 
 # ----------------------------------------------------------------------------- MLA decode

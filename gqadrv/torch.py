@@ -2,6 +2,10 @@
 
     import gqadrv.torch as gt
     out = gt.gqa_decode(q, kv, lengths)                          # torch.ops.gqadrv.gqa_decode
+    out, lse = gt.gqa_decode(q4, kv, lengths, return_lse=True)   # torch.ops.gqadrv.gqa_decode_lse
+    out = gt.gqa_decode_paged(q, k_pages, v_pages, block_table, seq_lens)   # torch.ops.gqadrv.gqa_decode_paged
+    v, s = gt.merge_state(v_a, s_a, v_b, s_b)                   # torch.ops.gqadrv.merge_state
+    v, s = gt.merge_states(v_stacked, s_stacked)                # torch.ops.gqadrv.merge_states
     out, lse = gt.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512)
 
 Each op is registered with ``torch.library.custom_op`` in the ``gqadrv`` namespace, functional (no
@@ -34,14 +38,24 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
 from typing import Any
 
 from .gqa.api import gqa_decode as _gqa_decode
+from .gqa.merge import merge_state as _merge_state
+from .gqa.merge import merge_states as _merge_states
+from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla.api import flash_mla_with_kvcache as _flash_mla
 
-__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "flash_mla_with_kvcache", "gqa_decode"]
+__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state",
+           "merge_states"]
 
 NAMESPACE = "gqadrv"
 MLA_LSE_DTYPE = torch.float32
 
 _GQA_SCHEMA = "(Tensor q, Tensor kv, Tensor sequence_lengths, float q_scale, float? sm_scale, str? backend) -> Tensor"
+_GQA_LSE_SCHEMA = ("(Tensor q, Tensor kv, Tensor sequence_lengths, float q_scale, float? sm_scale, bool deterministic, "
+                   "str? backend) -> (Tensor, Tensor)")
+_PAGED_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor block_table, Tensor seq_lens, str kv_layout, "
+                 "float q_scale, float? sm_scale, bool deterministic, int? num_splits, str? backend) -> (Tensor, Tensor)")
+_MERGE_PAIR_SCHEMA = "(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b) -> (Tensor, Tensor)"
+_MERGE_STACKED_SCHEMA = "(Tensor v, Tensor s) -> (Tensor, Tensor)"
 _MLA_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, int? num_splits, "
                "float? softmax_scale, bool causal, str? backend) -> (Tensor, Tensor)")
 
@@ -71,25 +85,150 @@ def _gqa_decode_op(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Te
 @_gqa_decode_op.register_fake
 def _gqa_decode_fake(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, q_scale: float,
                      sm_scale: float | None, backend: str | None) -> torch.Tensor:
-    if q.dim() != 3 or kv.dim() != 5:
-        raise ValueError(f"gqadrv::gqa_decode expects q [B, Hq, D] and kv [B, 2, Hkv, C, D], got q of rank {q.dim()} "
-                         f"and kv of rank {kv.dim()}")
+    _check_gqa_ranks("gqa_decode", q, kv)
     return q.new_empty(q.shape)
 
 
-def gqa_decode(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, *, q_scale: float = 1.0,
-               sm_scale: float | None = None, backend: str | None = None) -> torch.Tensor:
-    """``gqadrv.gqa_decode`` as the custom op ``torch.ops.gqadrv.gqa_decode`` (traceable by
-    ``torch.compile(fullgraph=True)``, capturable by ``torch.cuda.graph``).
+def _check_gqa_ranks(op: str, q: torch.Tensor, kv: torch.Tensor) -> None:
+    if q.dim() not in (3, 4) or kv.dim() != 5:
+        raise ValueError(f"gqadrv::{op} expects q [B, Hq, D] or [B, s_q, Hq, D] and kv [B, 2, Hkv, C, D], got q of "
+                         f"rank {q.dim()} and kv of rank {kv.dim()}")
 
-    q [B, Hq, D], kv [B, 2, Hkv, C, D], sequence_lengths int32 [B] (read on the device). Returns a
-    new tensor [B, Hq, D] of q's dtype, allocated by torch and written on torch's current stream.
-    Softmax scale: ``q_scale / sqrt(D)``, or ``sm_scale`` (absolute) where the installed gqadrv
-    supports it (forwarded only when not None).
+
+def _lse_shape(q: torch.Tensor) -> tuple[int, ...]:
+    """[B, s_q, Hq] for a 4-D q, [B, Hq] for a 3-D q."""
+    return tuple(q.shape[:-1])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gqa_decode_lse", mutates_args=(), device_types="cuda",
+                         schema=_GQA_LSE_SCHEMA)
+def _gqa_decode_lse_op(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, q_scale: float,
+                       sm_scale: float | None, deterministic: bool,
+                       backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    _gqa_decode(q.detach(), kv.detach(), sequence_lengths.detach(), out=out, lse=lse, q_scale=q_scale,
+                deterministic=deterministic, stream=_stream(q), backend=backend,  # type: ignore[arg-type]
+                **_scale_kwargs(sm_scale))
+    return out, lse
+
+
+@_gqa_decode_lse_op.register_fake
+def _gqa_decode_lse_fake(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, q_scale: float,
+                         sm_scale: float | None, deterministic: bool,
+                         backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_gqa_ranks("gqa_decode_lse", q, kv)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+def gqa_decode(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, *, q_scale: float = 1.0,
+               sm_scale: float | None = None, backend: str | None = None, return_lse: bool = False,
+               deterministic: bool = False) -> Any:
+    """``gqadrv.gqa_decode`` as the custom op ``torch.ops.gqadrv.gqa_decode`` (or
+    ``gqadrv::gqa_decode_lse`` with ``return_lse`` / ``deterministic``), traceable by
+    ``torch.compile(fullgraph=True)`` and capturable by ``torch.cuda.graph``.
+
+    q [B, Hq, D] or [B, s_q, Hq, D], kv [B, 2, Hkv, C, D], sequence_lengths int32 [B] (read on the
+    device). Returns a new tensor of q's shape and dtype, allocated by torch and written on torch's
+    current stream, and with ``return_lse=True`` also the fp32 LSE [B, Hq] / [B, s_q, Hq]. Softmax
+    scale: ``q_scale / sqrt(D)``, or ``sm_scale`` (absolute; forwarded only when not None).
     """
-    out: torch.Tensor = torch.ops.gqadrv.gqa_decode(q, kv, sequence_lengths, float(q_scale),
-                                                    None if sm_scale is None else float(sm_scale), backend)
-    return out
+    sm = None if sm_scale is None else float(sm_scale)
+    if return_lse or deterministic:
+        out, lse = torch.ops.gqadrv.gqa_decode_lse(q, kv, sequence_lengths, float(q_scale), sm, bool(deterministic),
+                                                   backend)
+        return (out, lse) if return_lse else out
+    res: torch.Tensor = torch.ops.gqadrv.gqa_decode(q, kv, sequence_lengths, float(q_scale), sm, backend)
+    return res
+
+
+# ----------------------------------------------------------------------------- paged GQA decode
+@torch.library.custom_op(f"{NAMESPACE}::gqa_decode_paged", mutates_args=(), device_types="cuda",
+                         schema=_PAGED_SCHEMA)
+def _gqa_decode_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
+                         block_table: torch.Tensor, seq_lens: torch.Tensor, kv_layout: str, q_scale: float,
+                         sm_scale: float | None, deterministic: bool, num_splits: int | None,
+                         backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    _gqa_decode_paged(q.detach(), k_cache.detach(), None if v_cache is None else v_cache.detach(),
+                      block_table.detach(), seq_lens.detach(), kv_layout=kv_layout, out=out, lse=lse,
+                      q_scale=q_scale, deterministic=deterministic, num_splits=num_splits, stream=_stream(q),
+                      backend=backend, **_scale_kwargs(sm_scale))  # type: ignore[arg-type]
+    return out, lse
+
+
+@_gqa_decode_paged_op.register_fake
+def _gqa_decode_paged_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, kv_layout: str, q_scale: float,
+                           sm_scale: float | None, deterministic: bool, num_splits: int | None,
+                           backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dim() not in (3, 4) or k_cache.dim() not in (4, 5):
+        raise ValueError(f"gqadrv::gqa_decode_paged expects q [B, Hq, D] or [B, s_q, Hq, D] and a 4-D (or combined "
+                         f"5-D) k_cache, got ranks {q.dim()} and {k_cache.dim()}")
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+def gqa_decode_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, *, kv_layout: str = "NHD", q_scale: float = 1.0,
+                     sm_scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
+                     num_splits: int | None = None, backend: str | None = None) -> Any:
+    """``gqadrv.gqa_decode_paged`` as the custom op ``torch.ops.gqadrv.gqa_decode_paged``: returns
+    a new out (q's shape) and, with ``return_lse=True``, the fp32 LSE (the op always computes it)."""
+    out, lse = torch.ops.gqadrv.gqa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, str(kv_layout),
+                                                 float(q_scale), None if sm_scale is None else float(sm_scale),
+                                                 bool(deterministic), None if num_splits is None else int(num_splits),
+                                                 backend)
+    return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------- LSE state merge
+@torch.library.custom_op(f"{NAMESPACE}::merge_state", mutates_args=(), device_types="cuda", schema=_MERGE_PAIR_SCHEMA)
+def _merge_state_op(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
+                    s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
+    s = torch.empty(v_a.shape[:-1], dtype=torch.float32, device=v_a.device)
+    _merge_state(v_a.detach().contiguous(), s_a.detach().contiguous(), v_b.detach().contiguous(),
+                 s_b.detach().contiguous(), out=v, out_lse=s, stream=_stream(v_a))
+    return v, s
+
+
+@_merge_state_op.register_fake
+def _merge_state_fake(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
+                      s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return v_a.new_empty(v_a.shape), v_a.new_empty(v_a.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::merge_states", mutates_args=(), device_types="cuda",
+                         schema=_MERGE_STACKED_SCHEMA)
+def _merge_states_op(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (v.shape[0],) + tuple(v.shape[2:])
+    out = torch.empty(shape, dtype=v.dtype, device=v.device)
+    lse = torch.empty(shape[:-1], dtype=torch.float32, device=v.device)
+    _merge_states(v.detach().contiguous(), s.detach().contiguous(), out=out, out_lse=lse, stream=_stream(v))
+    return out, lse
+
+
+@_merge_states_op.register_fake
+def _merge_states_fake(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if v.dim() != 4:
+        raise ValueError(f"gqadrv::merge_states expects stacked states v [N, K, H, D], got rank {v.dim()}")
+    shape = (v.shape[0],) + tuple(v.shape[2:])
+    return v.new_empty(shape), v.new_empty(shape[:-1], dtype=torch.float32)
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
+                s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gqadrv.merge_state`` as ``torch.ops.gqadrv.merge_state``: new (v, s)."""
+    v, s = torch.ops.gqadrv.merge_state(v_a, s_a, v_b, s_b)
+    return v, s
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gqadrv.merge_states`` (stacked form: v [N, K, H, D], s [N, K, H]) as
+    ``torch.ops.gqadrv.merge_states``: new (v [N, H, D], s [N, H])."""
+    out, lse = torch.ops.gqadrv.merge_states(v, s)
+    return out, lse
 
 
 # ----------------------------------------------------------------------------- MLA decode

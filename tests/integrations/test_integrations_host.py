@@ -120,7 +120,9 @@ def _mla_meta(torch, b=2, s_q=2, h_q=16, page=64, blocks=4, dtype=None):
 
 def test_torch_ops_are_registered_functional():
     torch, _gt = _torch()  # registers the ops
-    for op in (torch.ops.gqadrv.gqa_decode.default, torch.ops.gqadrv.flash_mla_with_kvcache.default):
+    for op in (torch.ops.gqadrv.gqa_decode.default, torch.ops.gqadrv.flash_mla_with_kvcache.default,
+               torch.ops.gqadrv.gqa_decode_lse.default, torch.ops.gqadrv.gqa_decode_paged.default,
+               torch.ops.gqadrv.merge_state.default, torch.ops.gqadrv.merge_states.default):
         schema = op._schema
         assert schema.name.startswith("gqadrv::")
         assert not schema.is_mutable, f"{schema} must not mutate its arguments"
@@ -156,6 +158,29 @@ def test_torch_fakes_reject_wrong_ranks():
     qm, k, bt, ln = _mla_meta(torch)
     with pytest.raises(ValueError, match="rank 3"):
         gt.flash_mla_with_kvcache(qm[:, 0], k, bt, ln)
+
+
+def test_torch_paged_lse_and_merge_fake_shapes():
+    torch, gt = _torch()
+    f16 = dict(dtype=torch.float16, device="meta")
+    q = torch.empty(3, 2, 16, 128, **f16)
+    k = torch.empty(40, 16, 4, 128, **f16)
+    bt = torch.empty(3, 10, dtype=torch.int32, device="meta")
+    ln = torch.empty(3, dtype=torch.int32, device="meta")
+    out, lse = gt.gqa_decode_paged(q, k, k, bt, ln, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (3, 2, 16) and lse.dtype == torch.float32
+    assert gt.gqa_decode_paged(q[:, 0], torch.empty(40, 2, 16, 4, 128, **f16), None, bt, ln).shape == (3, 16, 128)
+    kv = torch.empty(3, 2, 4, 300, 128, **f16)
+    out, lse = gt.gqa_decode(q, kv, ln, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (3, 2, 16)
+    assert gt.gqa_decode(q[:, 0], kv, ln, deterministic=True).shape == (3, 16, 128)
+    v, sv = torch.empty(5, 3, 4, 64, **f16), torch.empty(5, 3, 4, dtype=torch.float32, device="meta")
+    mv, ms = gt.merge_states(v, sv)
+    assert mv.shape == (5, 4, 64) and ms.shape == (5, 4) and ms.dtype == torch.float32
+    pv, ps = gt.merge_state(v[:, 0], sv[:, 0], v[:, 1], sv[:, 1])
+    assert pv.shape == (5, 4, 64) and ps.shape == (5, 4)
+    with pytest.raises(ValueError, match="stacked states"):
+        gt.merge_states(v[:, 0], sv[:, 0])
 
 
 def test_torch_compile_fullgraph_has_no_graph_breaks():
@@ -204,6 +229,26 @@ def test_jax_abstract_shapes():
     assert lse.shape == (2, 16, 2) and lse.dtype == jax.numpy.float32
 
 
+def test_jax_paged_lse_and_merge_abstract_shapes():
+    jax, gj = _jax()
+    q, k = _sds(jax, (3, 2, 16, 128), "float16"), _sds(jax, (40, 16, 4, 128), "float16")
+    bt, ln = _sds(jax, (3, 10), "int32"), _sds(jax, (3,), "int32")
+    out, lse = jax.eval_shape(lambda a, b, c, d, e: gj.gqa_decode_paged(a, b, c, d, e, return_lse=True), q, k, k, bt, ln)
+    assert out.shape == (3, 2, 16, 128) and lse.shape == (3, 2, 16) and lse.dtype == jax.numpy.float32
+    kc = _sds(jax, (40, 2, 4, 16, 128), "float16")
+    out = jax.eval_shape(lambda a, b, d, e: gj.gqa_decode_paged(a, b, None, d, e, kv_layout="HND"), q, kc, bt, ln)
+    assert out.shape == (3, 2, 16, 128)
+    kv = _sds(jax, (3, 2, 4, 300, 128), "float16")
+    out, lse = jax.eval_shape(lambda a, b, c: gj.gqa_decode(a, b, c, return_lse=True), q, kv, ln)
+    assert out.shape == (3, 2, 16, 128) and lse.shape == (3, 2, 16)
+    v, s = _sds(jax, (5, 3, 4, 64), "float16"), _sds(jax, (5, 3, 4), "float32")
+    mv, ms = jax.eval_shape(gj.merge_states, v, s)
+    assert mv.shape == (5, 4, 64) and ms.shape == (5, 4)
+    va, sa = _sds(jax, (5, 4, 64), "float16"), _sds(jax, (5, 4), "float32")
+    pv, ps = jax.eval_shape(gj.merge_state, va, sa, va, sa)
+    assert pv.shape == (5, 4, 64) and ps.shape == (5, 4)
+
+
 def test_jax_jit_and_scan_lower_to_one_callback_each():
     jax, gj = _jax()
     jnp = jax.numpy
@@ -235,7 +280,7 @@ def test_jax_rejects_traced_scales_and_wrong_ranks():
     with pytest.raises(TypeError, match="q_scale must be a static Python number"):
         jax.eval_shape(lambda a, b, c, s: gj.gqa_decode(a, b, c, q_scale=s), q, kv, lens, _sds(jax, (), "float32"))
     with pytest.raises(ValueError, match=r"q \[B, Hq, D\]"):
-        jax.eval_shape(gj.gqa_decode, _sds(jax, (2, 8, 1, 64), "float16"), kv, lens)
+        jax.eval_shape(gj.gqa_decode, _sds(jax, (2, 8, 1, 1, 64), "float16"), kv, lens)  # 4-D q is s_q
     qm, k, bt = _sds(jax, (1, 1, 16, 576), "float16"), _sds(jax, (4, 64, 1, 576), "float16"), _sds(jax, (1, 4), "int32")
     with pytest.raises(TypeError, match="num_splits must be None or a static int"):
         jax.eval_shape(lambda a, b, c, d: gj.flash_mla_with_kvcache(a, b, c, d, num_splits=2.0), qm, k, bt,
