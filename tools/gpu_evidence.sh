@@ -6,7 +6,11 @@
 # (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes), and for MLA: mla_bench (the MLA
 # table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
 # folder), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
-# (compute-sanitizer memcheck + racecheck over the MLA routes). Default: the GQA steps.
+# (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
+# (`bench --op gqa_paged` with FlashInfer's paged wrappers), paged_sanitize (memcheck + racecheck over
+# the paged routes and merge_state), integrations (tests/integrations on the GPU: torch.compile, torch
+# graphs, jax.jit, incl. the paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged
+# routes under tuning switches). Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
@@ -30,6 +34,16 @@ for step in $STEPS; do
                     python3 tools/sanitize_routes.py --mla-only > "$OUT/mla_$t.log" 2>&1
                   echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/mla_$t.log"
                 done > "$OUT/mla_sanitize.txt" 2>&1 ;;
+  paged_bench) python3 -m gqadrv bench --op gqa_paged --reps 10 --json "$OUT/paged_bench.json" \
+                 > "$OUT/paged_bench.txt" 2>&1 ;;
+  paged_sanitize) for t in memcheck racecheck; do
+                    compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
+                      python3 tools/sanitize_routes.py --paged-only > "$OUT/paged_$t.log" 2>&1
+                    echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
+                  done > "$OUT/paged_sanitize.txt" 2>&1 ;;
+  paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
+  integrations) python3 -m pytest -q -m gpu --timeout=300 -p no:cacheprovider -rf tests/integrations \
+                  > "$OUT/integrations.txt" 2>&1 ;;
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
   tune)  python3 benchmarks/tune.py --configs base,portable --shapes "1,32768" "1,4096,[3968]" \
            --small-splits 8,16,31 --large-splits 8,12,16,24,33 --reps 10 > "$OUT/tune.txt" 2>&1 ;;
@@ -47,3 +61,5 @@ for step in $STEPS; do
 done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
+grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
+tail -4 "$OUT/integrations.txt" 2>/dev/null

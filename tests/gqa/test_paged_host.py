@@ -136,3 +136,18 @@ def test_paged_routes():
     for arch in ("sm_80", "sm_90a", "sm_100a", "sm_110a"):
         names = {x.family.name for x in routes.variants_for_arch(arch)}
         assert "paged" in names and (("paged_tma" in names) == (arch != "sm_80"))
+
+
+def test_hoisted_copy_switch_compiles(monkeypatch):
+    """GQADRV_PAGED_COPY=hoisted (development switch of the cp.async paged kernel) gives its own
+    module, which NVRTC builds without spills (D 128, both row counts)."""
+    from gqadrv.runtime.compiler import compile_module
+
+    monkeypatch.setenv("GQADRV_PAGED_COPY", "hoisted")
+    for rows in (4, 16):
+        v = routes.select_paged_variant((9, 0), 128, "float16", rows)
+        assert ("GQA_PAGED_HOISTED_COPY", 1) in v.switches and "hoisted_copy1" in v.name
+        r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
+        assert r.spill_stores == 0 and r.stack_bytes == 0
+    monkeypatch.delenv("GQADRV_PAGED_COPY")
+    assert routes.select_paged_variant((9, 0), 128, "float16", 4).switches == ()

@@ -38,9 +38,54 @@ static_assert(TOK == 16 || TOK == 32, "one row per lane of the offset shuffle");
 
 // Fill a ring slot with rows [tok0, tok0 + TOK) of one KV head. `my_off` is this lane's offset of
 // row lane % TOK (-1: zero-fill); `one_page`: every row is on the page of row 0.
+//
+// GQA_PAGED_HOISTED_COPY = 1 (development switch, GQADRV_PAGED_COPY=hoisted; not yet measured on a
+// GPU): the one-page test is taken once per sub-tile instead of once per chunk, and a lane's chunk
+// column c = lane % CPR is the same for every copy, so the one-page path walks one pointer per lane by
+// a constant row step (about half the integer instructions per chunk of the default form, whose
+// per-chunk branch ptxas does not hoist out of the unrolled loop).
+// D = 256 keeps the default form (the hoisted one spills on sm_100a there).
+#ifndef GQA_PAGED_HOISTED_COPY
+#define GQA_PAGED_HOISTED_COPY 0
+#endif
+#if GQA_D == 256
+#undef GQA_PAGED_HOISTED_COPY
+#define GQA_PAGED_HOISTED_COPY 0
+#endif
 GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase, long long my_off, bool one_page,
                                    int tok0, int len, long long tok_stride, int lane) {
   constexpr int CPR = D / 8, CHUNKS = TOK * CPR;  // 16-byte chunks per row / per K tile
+#if GQA_PAGED_HOISTED_COPY
+  static_assert(CPR <= 32 && 32 % CPR == 0, "a lane keeps one chunk column");
+  constexpr int RPK = 32 / CPR;  // rows per copy instruction of the warp
+  const int c = lane % CPR, r0 = lane / CPR;
+  if (one_page) {
+    const long long off0 = __shfl_sync(0xffffffffu, my_off, 0);
+    const bool page_ok = off0 >= 0;
+    const long long first = page_ok ? off0 + r0 * tok_stride + 8 * c : 0;
+    const long long step = RPK * tok_stride;
+#pragma unroll
+    for (int k = 0; k < CHUNKS / 32; ++k) {
+      const int r = r0 + RPK * k;
+      const bool ok = page_ok && tok0 + r < len;
+      const long long off = ok ? first + k * step : 0;
+      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+      cp_async_16(dst, kbase + off, ok ? 16u : 0u);
+      cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < CHUNKS / 32; ++k) {
+      const int r = r0 + RPK * k;
+      const long long row = __shfl_sync(0xffffffffu, my_off, r);
+      const bool ok = row >= 0;
+      const long long off = ok ? row + 8 * c : 0;
+      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+      cp_async_16(dst, kbase + off, ok ? 16u : 0u);
+      cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+    }
+  }
+#else
   const long long off0 = __shfl_sync(0xffffffffu, my_off, 0);
 #pragma unroll
   for (int k = 0; k < CHUNKS / 32; ++k) {
@@ -60,6 +105,7 @@ GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase,
     cp_async_16(dst, kbase + off, ok ? 16u : 0u);
     cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
   }
+#endif
 }
 
 #if GQA_D == 256

@@ -1,0 +1,91 @@
+"""Development timing of the paged GQA decode routes under tuning switches (not a test, not the bench):
+
+    python tools/paged_tune.py [--rows B,L,PAGE,LAYOUT ...] [--configs NAME ...] [--reps 10]
+
+Each config is a set of environment switches (they are part of the route key, so every config gets
+its own module) plus an optional backend; each row is fp16, Hq 32, Hkv 8, D 128, every request at its
+full length L, pages of one pool in random order. Prints hot (CUDA graph of 20 calls) / cold (L2
+flushed) µs per config and row, and checks every config's output against the default config's.
+
+Configs: default, cp (backend 'portable': the cp.async kernel), hoisted (GQADRV_PAGED_COPY=hoisted,
+cp.async), tma2 (GQADRV_TILING=4,32,2 on the TMA route), tma8 (8,32,1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONFIGS = {
+    "default": ({}, None),
+    "cp": ({}, "portable"),
+    "hoisted": ({"GQADRV_PAGED_COPY": "hoisted"}, "portable"),
+    "tma2": ({"GQADRV_TILING": "4,32,2"}, "hopper"),
+    "tma8": ({"GQADRV_TILING": "8,32,1"}, "hopper"),
+}
+ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="*", default=list(ROWS), help="B,L,PAGE,LAYOUT")
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--reps", type=int, default=10)
+    a = ap.parse_args()
+    import cupy as cp
+    import numpy as np
+
+    import gqadrv
+    from gqadrv.ops.bench import Timer
+
+    timer = Timer(20, a.reps)
+    rng = np.random.default_rng(0)
+    hq, hkv, d = 32, 8, 128
+    print("row | " + " | ".join(f"{c} hot / cold us" for c in a.configs))
+    bad = 0
+    for spec in a.rows:
+        b, length, page, layout = spec.split(",")
+        b, length, page = int(b), int(length), int(page)
+        mp = -(-length // page)
+        shape = (b * mp, page, hkv, d) if layout == "NHD" else (b * mp, hkv, page, d)
+        k = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+        v = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+        table = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
+        lens = cp.full(b, length, cp.int32)
+        q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
+        cells, ref = [], None
+        for name in a.configs:
+            env, backend = CONFIGS[name]
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
+            try:
+                out = cp.empty_like(q)
+                p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=k, v_cache=v, block_table=table, seq_lens=lens,
+                                                    out=out, kv_layout=layout, backend=backend)
+                fn = lambda: gqadrv.launch_prepared(p, cp.cuda.get_current_stream().ptr)  # noqa: E731
+                hot, cold = timer.hot(fn, False), timer.cold(fn)
+                got = cp.asnumpy(out.astype(cp.float32))
+                if ref is None:
+                    ref = got
+                diff = float(np.abs(got - ref).max())
+                bad += diff > 2e-3
+                cells.append(f"{hot:.2f} / {cold:.2f} ({p.route}, diff {diff:.0e})")
+            except Exception as exc:  # noqa: BLE001 - a config a GPU cannot run is reported, not fatal
+                cells.append(f"error: {str(exc).splitlines()[0][:60]}")
+            finally:
+                for key, val in saved.items():
+                    if val is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = val
+        print(f"{spec} | " + " | ".join(cells), flush=True)
+        del k, v
+        cp.get_default_memory_pool().free_all_blocks()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
