@@ -57,9 +57,10 @@ class WorkFailed(Exception):
 def _ops() -> tuple:
     """The op families (each package's OP record); the CLI hard-codes none of their details."""
     from . import gqa, mla
-    from .gqa import merge
+    from .gqa import kv_fp8, merge
+    from .mla import fp8_cache
 
-    return (gqa.OP, merge.OP, mla.OP)
+    return (gqa.OP, merge.OP, kv_fp8.OP, mla.OP, fp8_cache.OP)
 
 
 def _bench_specs() -> list:

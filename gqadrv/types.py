@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "ArrayT", "Backend", "CUstreamLike", "CudaStreamProtocol", "DLPackArray", "HasCudaStream", "HasPtr",
-    "LseT", "MlaBackend", "OutT", "StreamLike",
+    "LseT", "MlaBackend", "OutT", "ScaleT", "StreamLike",
 ]
 
 
@@ -83,3 +83,6 @@ OutT = TypeVar("OutT", bound=DLPackArray)
 
 LseT = TypeVar("LseT", bound=DLPackArray)
 """The type of a caller-given MLA ``lse`` output (returned as given)."""
+
+ScaleT = TypeVar("ScaleT", bound=DLPackArray)
+"""The type of a caller-given FP8 scale array (``quantize_kv_fp8``'s ``scale`` / ``out_scale``; returned as given)."""

@@ -142,7 +142,7 @@ def test_compile_jobs_2_equals_jobs_1(sm86):
 
 def test_compile_sm86_warms_exactly_what_the_runtime_loads_there(sm86):
     """On an sm_86 GPU the GQA router picks the portable / short families (declared for sm_80; the
-    merge_state family too) and ops.kernels.load compiles them for arch_for_cc((8, 6)) = sm_86: `compile --arch sm_86` must have
+    merge_state family and the FP8 quantizers too) and ops.kernels.load compiles them for arch_for_cc((8, 6)) = sm_86: `compile --arch sm_86` must have
     written exactly those cache entries (same source, arch and defines: same key)."""
     from gqadrv.gqa import routes
     from gqadrv.gqa.contract import MAX_GROUP, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
@@ -176,6 +176,17 @@ def test_compile_sm86_warms_exactly_what_the_runtime_loads_there(sm86):
             m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
             assert m.from_cache, f"{v.name} for sm_86 was not warmed"
             routed.add(m.key)
+    # the FP8 quantizers: what kv_fp8.route (amax and quantize per dtype) and fp8_cache.route load
+    from gqadrv.gqa import kv_fp8
+    from gqadrv.mla import fp8_cache
+
+    fp8_variants = [kv_fp8.KvFp8Variant(fam, dt) for fam in (kv_fp8.AMAX, kv_fp8.QUANTIZE)
+                    for dt in kv_fp8.SUPPORTED_DTYPES]
+    fp8_variants += [fp8_cache.Fp8CacheVariant(fam) for fam in (fp8_cache.QUANTIZE, fp8_cache.DEQUANTIZE)]
+    for v in fp8_variants:
+        m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
+        assert m.from_cache, f"{v.name} for sm_86 was not warmed"
+        routed.add(m.key)
     assert routed == compiled
 
 

@@ -27,6 +27,7 @@ from gqadrv import (
     PreparedMlaDecode,
     TensorMapError,
     check_status,
+    dequantize_k_cache,
     flash_mla_with_kvcache,
     get_mla_metadata,
     gqa_decode,
@@ -39,6 +40,8 @@ from gqadrv import (
     prepare_gqa_decode,
     prepare_mla_decode,
     prepare_sm110_gqa_decode,
+    quantize_k_cache,
+    quantize_kv_fp8,
     sm110_gqa_decode,
 )
 from gqadrv.types import Backend, DLPackArray, MlaBackend, StreamLike
@@ -157,6 +160,20 @@ def merge(v: TorchLike, s: TorchLike, o: JaxLike, lse: JaxLike, cupy_array: Any)
     assert_type(merge_states([v, v, v], [s, s, s], stream=TorchStream()), tuple[TorchLike, TorchLike])
     assert_type(merge_states((v, v), (s, s), out=o), tuple[JaxLike | TorchLike, TorchLike])
     assert_type(merge_states(cupy_array, cupy_array, stream=CupyStream()), tuple[Any, Any])
+
+
+def fp8(k: TorchLike, o: JaxLike, s: TorchLike, cupy_array: Any) -> None:
+    assert_type(quantize_k_cache(k), TorchLike)
+    assert_type(quantize_k_cache(k, out=o, stream=0), JaxLike | TorchLike)
+    assert_type(dequantize_k_cache(k, stream=TorchStream()), TorchLike)
+    assert_type(dequantize_k_cache(cupy_array, out=k), TorchLike | Any)
+    codes, scale = quantize_kv_fp8(k)                      # computed scale: a device array in k's framework
+    assert_type(codes, TorchLike)
+    assert_type(scale, TorchLike)
+    assert_type(quantize_kv_fp8(k, 0.5), tuple[TorchLike, float])
+    assert_type(quantize_kv_fp8(k, s, head_axis=-2, out=o), tuple[JaxLike | TorchLike, TorchLike])
+    assert_type(quantize_kv_fp8(k, out=o, out_scale=o, stream=CupyStream()),
+                tuple[JaxLike | TorchLike, JaxLike | TorchLike])
 
 
 def references(q: npt.NDArray[np.float16], kv: npt.NDArray[np.float16], k_cache: npt.NDArray[Any]) -> None:

@@ -17,6 +17,8 @@ from gqadrv import (
     merge_states,
     prepare_gqa_decode,
     prepare_mla_decode,
+    quantize_k_cache,
+    quantize_kv_fp8,
 )
 
 
@@ -59,4 +61,7 @@ def misuse(q: Array, lens: Array, o: Other, name: str) -> None:
     merge_state(q, lens, q)  # E: call-arg
     merge_states([q], [lens], stream="side")  # E: arg-type
     merged: Other = merge_states(q, lens)[0]  # E: assignment
+    quantize_k_cache(q, stream="side")  # E: arg-type
+    quantize_kv_fp8(q, "0.5")  # E: call-overload
+    quantize_kv_fp8(q, 0.5, head_axis=1)  # E: call-overload
     del wrong, right, merged

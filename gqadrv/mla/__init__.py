@@ -2,11 +2,18 @@
 
 from ..ops.registry import OpRecord as _OpRecord
 from . import routes as _routes
-from .api import MlaSchedMeta, PreparedMlaDecode, flash_mla_with_kvcache, get_mla_metadata, prepare_mla_decode
+from .api import (
+    MlaSchedMeta,
+    PreparedMlaDecode,
+    flash_mla_with_kvcache,
+    get_mla_metadata,
+    prepare_mla_decode,
+)
+from .fp8_cache import dequantize_k_cache, quantize_k_cache
 from .reference import mla_decode_reference
 
-__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "flash_mla_with_kvcache", "get_mla_metadata", "mla_decode_reference",
-           "prepare_mla_decode"]
+__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "dequantize_k_cache", "flash_mla_with_kvcache", "get_mla_metadata",
+           "mla_decode_reference", "prepare_mla_decode", "quantize_k_cache"]
 
 
 def _describe(cc: tuple[int, int]) -> str:

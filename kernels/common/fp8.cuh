@@ -1,0 +1,109 @@
+// gqadrv — float8_e4m3fn ("e4m3") conversions shared by the FP8 quantizers (op-neutral).
+//
+// e4m3fn: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits, no infinities; 0x7F / 0xFF are NaN,
+// the largest finite value is 448 (0x7E), the smallest normal 2^-6 (0x08), subnormals m * 2^-9.
+//
+// Encoding f32 -> e4m3, the one definition every path implements bit for bit (host model:
+// gqadrv/ops/fp8.py, which tests it against ml_dtypes for every fp32 of a representative sweep):
+//   NaN (either sign)              -> 0x7F (the canonical e4m3fn NaN)
+//   |x| >= 448, including +-Inf    -> sign | 0x7E (+-448: saturation, never NaN)
+//   otherwise                      -> round to nearest, ties to even, sign kept (-0 and tiny negatives
+//                                     give 0x80)
+// Paths:
+//   * e4m3_from_f32_soft: integer/bit arithmetic, every arch (the only path on sm_80 / sm_86, where the
+//     e4m3 cvt does not exist). Normal range: round the 23-bit mantissa to 3 bits with the
+//     add-half-minus-one-plus-lsb trick and re-bias the exponent (the carry of a round-up moves into
+//     the exponent, which is exactly right); subnormal range: |x| * 512 is exact and
+//     __float2int_rn rounds half to even.
+//   * e4m3x2_from_f32 on sm_89+ (GQADRV_ARCH >= 89): cvt.rn.satfinite.e4m3x2.f32 on inputs clamped to
+//     [-448, 448] first (so the result never depends on how .satfinite treats infinities), then NaN
+//     lanes forced to 0x7F (so it never depends on the NaN sign either). Defining GQADRV_FP8_SOFTWARE
+//     selects the software path on every arch (tests compare the two paths on the GPU).
+// Decoding e4m3 -> f32 is exact: cvt.rn.f16x2.e4m3x2 (sm_89+) then f16 -> f32, or bit arithmetic.
+// No shared memory, no barriers: plain per-thread register code.
+#pragma once
+
+#include "ptx.cuh"
+
+#if GQADRV_ARCH >= 89 && !defined(GQADRV_FP8_SOFTWARE)
+#define GQADRV_FP8_HW 1
+#else
+#define GQADRV_FP8_HW 0
+#endif
+
+#define GQADRV_E4M3_MAX 448.0f
+#define GQADRV_E4M3_NAN 0x7fu
+
+// The software encoder (every arch): one e4m3 code in bits 0..7.
+GQADRV_DEVICE u32 e4m3_from_f32_soft(float x) {
+  const u32 u = __float_as_uint(x);
+  const u32 sign = (u >> 24) & 0x80u;
+  const u32 a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return GQADRV_E4M3_NAN;  // NaN of either sign
+  if (a >= 0x43e00000u) return sign | 0x7eu;    // |x| >= 448 (Inf too): saturate
+  if (a >= 0x3c800000u) {                        // |x| >= 2^-6: normal; RNE of the low 20 mantissa bits
+    return sign | (((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3));
+  }
+  // |x| < 2^-6: a multiple of 2^-9 (0..8; 8 is the smallest normal, code 0x08)
+  return sign | (u32)__float2int_rn(__uint_as_float(a) * 512.0f);
+}
+
+// Two values -> two codes: lo in bits 0..7, hi in bits 8..15.
+GQADRV_DEVICE u32 e4m3x2_from_f32(float lo, float hi) {
+#if GQADRV_FP8_HW
+  const float cl = fminf(fmaxf(lo, -GQADRV_E4M3_MAX), GQADRV_E4M3_MAX);
+  const float ch = fminf(fmaxf(hi, -GQADRV_E4M3_MAX), GQADRV_E4M3_MAX);
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(ch), "f"(cl));
+  u32 v = (u32)r;
+  if (lo != lo) v = (v & 0xff00u) | GQADRV_E4M3_NAN;
+  if (hi != hi) v = (v & 0x00ffu) | (GQADRV_E4M3_NAN << 8);
+  return v;
+#else
+  return e4m3_from_f32_soft(lo) | (e4m3_from_f32_soft(hi) << 8);
+#endif
+}
+
+// Four values -> four codes in one register (x[0] in bits 0..7).
+GQADRV_DEVICE u32 e4m3x4_from_f32(float a, float b, float c, float d) {
+  return e4m3x2_from_f32(a, b) | (e4m3x2_from_f32(c, d) << 16);
+}
+
+// The software decoder (every arch): exact; 0x7F / 0xFF give a NaN.
+GQADRV_DEVICE float e4m3_to_f32_soft(u32 code) {
+  const u32 mag = code & 0x7fu;
+  float v = mag < 8u ? (float)mag * 0.001953125f : __uint_as_float((mag << 20) + (120u << 23));
+  if (mag == 0x7fu) v = __uint_as_float(0x7fffffffu);
+  return __uint_as_float(__float_as_uint(v) | ((code & 0x80u) << 24));
+}
+
+// Four codes (bits 0..7 first) -> four floats, exact.
+GQADRV_DEVICE void e4m3x4_to_f32(u32 codes, float& a, float& b, float& c, float& d) {
+#if GQADRV_FP8_HW
+  u32 h01, h23;
+  const u16 c01 = (u16)(codes & 0xffffu), c23 = (u16)(codes >> 16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"(c01));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"(c23));
+  unpack2<0>(h01, a, b);
+  unpack2<0>(h23, c, d);
+#else
+  a = e4m3_to_f32_soft(codes & 0xffu);
+  b = e4m3_to_f32_soft((codes >> 8) & 0xffu);
+  c = e4m3_to_f32_soft((codes >> 16) & 0xffu);
+  d = e4m3_to_f32_soft(codes >> 24);
+#endif
+}
+
+// |x| for a finite x, 0 for NaN and +-Inf (the amax of a quantizer ignores non-finite values).
+GQADRV_DEVICE float finite_abs(float x) {
+  const float a = fabsf(x);
+  return a <= 3.40282347e38f ? a : 0.0f;
+}
+
+// Two floats -> bf16x2 (round to nearest even; lo in bits 0..15), every NaN as the canonical 0x7FFF.
+GQADRV_DEVICE u32 bf16x2_canonical(float lo, float hi) {
+  u32 r = pack2<1>(lo, hi);
+  if (lo != lo) r = (r & 0xffff0000u) | 0x7fffu;
+  if (hi != hi) r = (r & 0x0000ffffu) | 0x7fff0000u;
+  return r;
+}
