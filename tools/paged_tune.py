@@ -1,14 +1,17 @@
 """Development timing of the paged GQA decode routes under tuning switches (not a test, not the bench):
 
-    python tools/paged_tune.py [--rows B,L,PAGE,LAYOUT ...] [--configs NAME ...] [--reps 10]
+    python tools/paged_tune.py [--rows B,L,PAGE,LAYOUT[,TABLE_TOKENS] ...] [--configs NAME ...] [--reps 10]
 
 Each config is a set of environment switches (they are part of the route key, so every config gets
 its own module) plus an optional backend; each row is fp16, Hq 32, Hkv 8, D 128, every request at its
-full length L, pages of one pool in random order. Prints hot (CUDA graph of 20 calls) / cold (L2
-flushed) µs per config and row, and checks every config's output against the default config's.
+full length L, pages of one pool in random order; TABLE_TOKENS (default L) makes the block table that
+many tokens wide (a table sized for a longer context than served). Prints hot (CUDA graph of 20
+calls) / cold (L2 flushed) µs per config and row, and checks every config's output against the
+default config's.
 
 Configs: default, cp (backend 'portable': the cp.async kernel), hoisted (GQADRV_PAGED_COPY=hoisted,
-cp.async), tma2 (GQADRV_TILING=4,32,2 on the TMA route), tma8 (8,32,1).
+cp.async), tma2 (GQADRV_TILING=4,32,2 on the TMA route), tma8 (8,32,1), det (deterministic=True),
+detexit (deterministic=True with GQADRV_PAGED_DET_EXIT=1).
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CONFIGS = {
-    "default": ({}, None),
-    "cp": ({}, "portable"),
-    "hoisted": ({"GQADRV_PAGED_COPY": "hoisted"}, "portable"),
-    "tma2": ({"GQADRV_TILING": "4,32,2"}, "hopper"),
-    "tma8": ({"GQADRV_TILING": "8,32,1"}, "hopper"),
+CONFIGS = {  # name: (environment, backend, deterministic)
+    "default": ({}, None, False),
+    "cp": ({}, "portable", False),
+    "hoisted": ({"GQADRV_PAGED_COPY": "hoisted"}, "portable", False),
+    "tma2": ({"GQADRV_TILING": "4,32,2"}, "hopper", False),
+    "tma8": ({"GQADRV_TILING": "8,32,1"}, "hopper", False),
+    "det": ({}, None, True),
+    "detexit": ({"GQADRV_PAGED_DET_EXIT": "1"}, None, True),
 }
-ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD")
+ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",
+        "16,4096,16,NHD,131072")
 
 
 def main() -> int:
@@ -47,24 +53,27 @@ def main() -> int:
     print("row | " + " | ".join(f"{c} hot / cold us" for c in a.configs))
     bad = 0
     for spec in a.rows:
-        b, length, page, layout = spec.split(",")
-        b, length, page = int(b), int(length), int(page)
+        parts = spec.split(",")
+        b, length, page, layout = int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
+        table_tokens = int(parts[4]) if len(parts) > 4 else length
         mp = -(-length // page)
+        width = max(mp, -(-table_tokens // page))
         shape = (b * mp, page, hkv, d) if layout == "NHD" else (b * mp, hkv, page, d)
         k = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
         v = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
-        table = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
+        table = cp.full((b, width), 2147480000, cp.int32)   # entries past the pages: never read
+        table[:, :mp] = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
         lens = cp.full(b, length, cp.int32)
         q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
         cells, ref = [], None
         for name in a.configs:
-            env, backend = CONFIGS[name]
+            env, backend, det = CONFIGS[name]
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
                 out = cp.empty_like(q)
                 p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=k, v_cache=v, block_table=table, seq_lens=lens,
-                                                    out=out, kv_layout=layout, backend=backend)
+                                                    out=out, kv_layout=layout, backend=backend, deterministic=det)
                 fn = lambda: gqadrv.launch_prepared(p, cp.cuda.get_current_stream().ptr)  # noqa: E731
                 hot, cold = timer.hot(fn, False), timer.cold(fn)
                 got = cp.asnumpy(out.astype(cp.float32))

@@ -99,7 +99,7 @@ BACKEND_FAMILIES = {
 # Environment variables that change routing, compiled switches or launch flags (tuning and
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
-              "GQADRV_TRACE", "GQADRV_PAGED_COPY")
+              "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -180,6 +180,10 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
         # development only: the cp.async paged kernel's hoisted copy (kernels/gqa/sm80/decode_paged.cu),
         # compiled and checked on the CPU, not yet measured on a GPU
         sw.append(("GQA_PAGED_HOISTED_COPY", 1))
+    if family in ("paged", "paged_tma") and os.environ.get("GQADRV_PAGED_DET_EXIT", "") == "1":
+        # development only: idle batch-invariant splits leave before the ticket (paged_args.cuh);
+        # compiled and checked on the CPU, not yet run on a GPU
+        sw.append(("GQA_PAGED_DET_EXIT", 1))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)

@@ -151,3 +151,16 @@ def test_hoisted_copy_switch_compiles(monkeypatch):
         assert r.spill_stores == 0 and r.stack_bytes == 0
     monkeypatch.delenv("GQADRV_PAGED_COPY")
     assert routes.select_paged_variant((9, 0), 128, "float16", 4).switches == ()
+
+
+def test_det_exit_switch_compiles(monkeypatch):
+    """GQADRV_PAGED_DET_EXIT=1 (development switch: idle batch-invariant splits leave before the
+    ticket) gives its own module for both paged families, built without spills."""
+    from gqadrv.runtime.compiler import compile_module
+
+    monkeypatch.setenv("GQADRV_PAGED_DET_EXIT", "1")
+    for tma in (False, True):
+        v = routes.select_paged_variant((9, 0), 128, "bfloat16", 16, tma_ok=tma)
+        assert ("GQA_PAGED_DET_EXIT", 1) in v.switches
+        r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
+        assert r.spill_stores == 0 and r.stack_bytes == 0

@@ -31,7 +31,8 @@ GQADRV_DEVICE void store_row8(u16* dst, const float (&v)[8], float scale) {
 //                               MULTI = true:  g = first_row + r, j = g / group,
 //                                              out_row0 + j * row_step + g % group
 //   (row units of D elements; the LSE index is the same row index)
-//   workspace slot of row r:    (unit * S + split) * ws_rows + r
+//   workspace slot of row r:    (unit * S_stride + split) * ws_rows + r  (S_stride = the launch's
+//                               split count; S = the splits that take part in this unit's ticket)
 struct EpilogueTarget {
   u16* out;
   float* lse;          // natural-log LSE per output row (+inf for a row without keys), or null
@@ -42,6 +43,7 @@ struct EpilogueTarget {
   long long out_row0;
   long long unit;
   int split, S;
+  int S_stride;        // splits per unit in the workspace (>= S)
   int rows;            // state rows written (rows >= this are padding)
   int ws_rows;         // rows per (unit, split) in the workspace
   int first_row, group, row_step;  // MULTI mapping
@@ -114,7 +116,7 @@ GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_
       store_row8<DT>(tg.out + orow * D + d0, acc, inv);
       if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(M, den);
     } else {
-      const long long slot = (tg.unit * S + tg.split) * tg.ws_rows + row;
+      const long long slot = ((long long)tg.unit * tg.S_stride + tg.split) * tg.ws_rows + row;
       if (d0 == 0) {
         tg.ws_ml[2 * slot] = M;
         tg.ws_ml[2 * slot + 1] = den;
@@ -145,8 +147,8 @@ GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_
   const int P = 1 << lp, per_pass = NTHREADS >> lp, lane_j = tid & (P - 1);
   const int wr = tg.ws_rows;
   const long long ml_step = 2LL * P * wr, po_step = (long long)P * wr * D;  // floats per j
-  const float* ml_lane = tg.ws_ml + (tg.unit * S + lane_j) * wr * 2;
-  const float* po_lane = tg.ws_o + (tg.unit * S + lane_j) * wr * D;
+  const float* ml_lane = tg.ws_ml + ((long long)tg.unit * tg.S_stride + lane_j) * wr * 2;
+  const float* po_lane = tg.ws_o + ((long long)tg.unit * tg.S_stride + lane_j) * wr * D;
 
   // ---- ticket: the last of the S CTAs of this (batch, KV head) merges
   // The CTA barrier orders every thread's partial stores before thread 0's release (the acq_rel
@@ -235,6 +237,7 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   tg.unit = sc.bh;
   tg.split = sc.split;
   tg.S = a.num_splits;
+  tg.S_stride = a.num_splits;
   tg.rows = a.group;
   tg.ws_rows = a.group;
   tg.first_row = 0;

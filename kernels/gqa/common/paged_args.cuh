@@ -57,7 +57,21 @@ struct PagedSchedule {
   long long unit;        // (b * hkv + kvh) * row_blocks + rb
   int raw_len, len;      // as stored / clamped to [0, capacity]
   int sub_begin, sub_end;
+  int splits_used;       // splits of this unit that take part in its ticket (see GQA_PAGED_DET_EXIT)
 };
+
+// GQA_PAGED_DET_EXIT = 1 (development switch, GQADRV_PAGED_DET_EXIT=1; not yet run on a GPU): in the
+// batch-invariant mode only the splits that hold tokens of the request (at least split 0) take part:
+// the others leave right after the schedule, and the ticket counts max(1, ceil(nsub / split_subs))
+// arrivals. Without it every split of the launch writes an (empty) partial and takes a ticket.
+// D = 256 keeps the default (the switch makes the cp.async kernel spill on sm_100a there).
+#ifndef GQA_PAGED_DET_EXIT
+#define GQA_PAGED_DET_EXIT 0
+#endif
+#if defined(GQA_D) && GQA_D == 256
+#undef GQA_PAGED_DET_EXIT
+#define GQA_PAGED_DET_EXIT 0
+#endif
 
 GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
   PagedSchedule s;
@@ -71,10 +85,15 @@ GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_su
   s.raw_len = a.lengths[s.b];
   s.len = s.raw_len < 0 ? 0 : (s.raw_len > a.capacity ? a.capacity : s.raw_len);
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
+  s.splits_used = a.num_splits;
   if (a.split_subs > 0) {
     const long long beg = (long long)s.split * a.split_subs;
     s.sub_begin = beg < nsub ? (int)beg : nsub;
     s.sub_end = s.sub_begin + a.split_subs < nsub ? s.sub_begin + a.split_subs : nsub;
+#if GQA_PAGED_DET_EXIT
+    const int used = (nsub + a.split_subs - 1) / a.split_subs;
+    s.splits_used = used < 1 ? 1 : (used < a.num_splits ? used : a.num_splits);
+#endif
   } else {
     s.sub_begin = split_point(nsub, s.split, a.num_splits);
     s.sub_end = split_point(nsub, s.split + 1, a.num_splits);

@@ -29,6 +29,15 @@ GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const 
   dec.set_causal(shift(g), ROWS == 16 ? shift(g + 8) : 0, a.s_q - 1 - row0 / a.group);
 }
 
+// A split past the request's tokens under GQA_PAGED_DET_EXIT (sc.split >= sc.splits_used): it takes
+// no part in the ticket; it only clears its bad-page status word. Returns true when the CTA is done.
+GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& sc) {
+  if (sc.split < sc.splits_used) return false;
+  if (a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0)
+    a.status[(long long)sc.b * (1 + a.num_splits) + 1 + sc.split] = 0u;
+  return true;
+}
+
 // Called by all W * 32 threads after every warp's last step (no copy in flight). `bad` = this
 // lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory.
 template <int W, int DT, int D, int ROWS, int TOK>
@@ -65,7 +74,8 @@ GQADRV_DEVICE void paged_cta_tail(WarpDecoder<DT, D, ROWS, TOK, true>& dec, cons
   tg.out_row0 = (long long)sc.b * a.s_q * hq + (long long)sc.kvh * a.group;
   tg.unit = sc.unit;
   tg.split = sc.split;
-  tg.S = a.num_splits;
+  tg.S = sc.splits_used;
+  tg.S_stride = a.num_splits;
   tg.rows = rows_here;
   tg.ws_rows = ROWS;
   tg.first_row = row0;

@@ -122,6 +122,9 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   pdl_wait();
   const PagedSchedule sc = paged_schedule(args, TOK);
+#if GQA_PAGED_DET_EXIT
+  if (paged_idle_split(args, sc)) return;  // a batch-invariant split past the request's tokens
+#endif
   const int first = sc.sub_begin + warp;
   const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
