@@ -31,6 +31,7 @@ from gqadrv import (
     flash_mla_with_kvcache,
     get_mla_metadata,
     gqa_decode,
+    gqa_decode_paged,
     gqa_decode_reference,
     launch_prepared,
     launch_sm110_gqa_decode_prepared,
@@ -96,6 +97,11 @@ def gqa(q: TorchLike, kv: TorchLike, lens: TorchLike, o: JaxLike, cupy_array: An
     assert_type(gqa_decode(cupy_array, cupy_array, cupy_array), Any)
     for s in (None, 7, TorchStream(), CupyStream(), CoreStream(), *streams):
         gqa_decode(q, kv, lens, stream=s, backend=backend)
+    assert_type(gqa_decode_paged(q, kv, kv, lens, lens), TorchLike)
+    assert_type(gqa_decode_paged(q, kv, None, lens, lens, kv_layout="HND", deterministic=True), TorchLike)
+    assert_type(gqa_decode_paged(q, kv, kv, lens, lens, out=o), JaxLike)
+    assert_type(gqa_decode_paged(q, kv, kv, lens, lens, return_lse=True), tuple[Any, Any])
+    assert_type(gqa_decode(q, kv, lens, return_lse=True), tuple[Any, Any])
     assert_type(sm110_gqa_decode(q, kv, lens), TorchLike)
     assert_type(sm110_gqa_decode(q, kv, lens, out=o, stream=CoreStream()), JaxLike)
     assert_type(sm110_gqa_decode(q, kv, lens, sm_scale=0.1), TorchLike)

@@ -12,6 +12,7 @@ from gqadrv import (
     check_status,
     flash_mla_with_kvcache,
     gqa_decode,
+    gqa_decode_paged,
     launch_prepared,
     merge_state,
     merge_states,
@@ -64,4 +65,5 @@ def misuse(q: Array, lens: Array, o: Other, name: str) -> None:
     quantize_k_cache(q, stream="side")  # E: arg-type
     quantize_kv_fp8(q, "0.5")  # E: call-overload
     quantize_kv_fp8(q, 0.5, head_axis=1)  # E: call-overload
+    gqa_decode_paged(q, q, None, lens, lens, kv_layout=3)  # E: call-overload
     del wrong, right, merged

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..ops import kernels as _kernels
 from ..ops import workspace as _workspace
@@ -35,7 +35,7 @@ from ..runtime.module import ArgPack, LaunchPlan
 from ..runtime.tensormap import TensorMapError, TmaSpec, encode_tiled, validate_tiled
 from ..ops.prepared import prepare_streams
 from ..runtime.streams import device_hint, on_stream, order_inputs, resolve_stream
-from ..types import Backend, DLPackArray, StreamLike
+from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import routes as _routes
 from .api import PreparedGqaDecode
 from .args import GQA_FLAG_L2_EVICT_FIRST
@@ -251,6 +251,24 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
     return o, lo
 
 
+@overload
+def gqa_decode_paged(q: ArrayT, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
+                     seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: None = None, lse: None = None,
+                     return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
+                     deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
+                     backend: Backend | None = None) -> ArrayT: ...
+@overload
+def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
+                     seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: OutT, lse: None = None,
+                     return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
+                     deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
+                     backend: Backend | None = None) -> OutT: ...
+@overload
+def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
+                     seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
+                     lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
+                     sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
+                     stream: StreamLike | None = None, backend: Backend | None = None) -> tuple[Any, Any]: ...
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
                      lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
