@@ -251,27 +251,11 @@ def _check_outputs(out: Any, out_lse: Any, ref: TensorView, out_shape: tuple[int
     ov = lv = None
     if out is not None:
         ov = _view(out, names[0], stream)
-        if tuple(ov.shape) != out_shape:
-            raise ValueError(f"{names[0]} must have shape {_fmt(out_shape)}, got {_shape(ov)}")
-        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=ref)
-        _require_contiguous(ov)
-        _oc.require_same_device(ov, ref)
-        _oc.require_aligned(ov, ov.itemsize)
-        _oc.require_writable(ov)
-        _oc.require_no_overlap(ov, inputs)
-        _oc.require_no_grad(ov)
+        _oc.require_output(ov, ref, inputs, shape=out_shape, align=ov.itemsize)
     if out_lse is not None:
         lv = _view(out_lse, names[1], stream)
-        if lv.dtype != "float32":
-            raise TypeError(f"{names[1]} must have dtype float32, got {lv.dtype}")
-        if tuple(lv.shape) != lse_shape:
-            raise ValueError(f"{names[1]} must have shape {_fmt(lse_shape)}, got {_shape(lv)}")
-        _require_contiguous(lv)
-        _oc.require_same_device(lv, ref)
-        _oc.require_aligned(lv, 4)
-        _oc.require_writable(lv)
-        _oc.require_no_overlap(lv, inputs + ((ov,) if ov is not None else ()))
-        _oc.require_no_grad(lv)
+        _oc.require_output(lv, ref, inputs + ((ov,) if ov is not None else ()), shape=lse_shape, align=4,
+                           dtype="float32")
     return ov, lv
 
 

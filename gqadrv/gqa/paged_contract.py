@@ -132,28 +132,11 @@ def _outputs(out: Any, lse: Any, names: tuple[str, str], qv: TensorView, lse_sha
     ov = lv = None
     if out is not None:
         ov = as_view(out, nout, stream=stream, cupy_ordered=True)
-        if ov.shape != qv.shape:
-            raise ValueError(f"{nout} must have the shape of {qv.name} {_shape(qv)}, got {_shape(ov)}")
-        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=qv)
-        _oc.require_contiguous(ov)
-        _oc.require_same_device(ov, qv)
-        _oc.require_aligned(ov)
-        _oc.require_writable(ov)
-        _oc.require_no_overlap(ov, inputs)
-        _oc.require_no_grad(ov)
+        _oc.require_output(ov, qv, inputs, shape=qv.shape, align=16, hint=f" ({qv.name}'s shape)")
     if lse is not None:
         lv = as_view(lse, nlse, stream=stream, cupy_ordered=True)
-        if lv.dtype != "float32":
-            raise TypeError(f"{nlse} must have dtype float32, got {lv.dtype}")
-        if tuple(lv.shape) != tuple(lse_shape):
-            raise ValueError(f"{nlse} must have shape {lse_shape} ([batch, s_q, num_q_heads] for 4-D q, [batch, "
-                             f"num_q_heads] for 3-D q), got {_shape(lv)}")
-        _oc.require_contiguous(lv)
-        _oc.require_same_device(lv, qv)
-        _oc.require_aligned(lv, 4)
-        _oc.require_writable(lv)
-        _oc.require_no_overlap(lv, inputs + ((ov,) if ov is not None else ()))
-        _oc.require_no_grad(lv)
+        _oc.require_output(lv, qv, inputs + ((ov,) if ov is not None else ()), shape=lse_shape, align=4,
+                           dtype="float32", hint=" ([batch, s_q, num_q_heads] for 4-D q, [batch, num_q_heads] for 3-D q)")
     return ov, lv
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "require_inner_contiguous",
     "require_no_grad",
     "require_no_overlap",
+    "require_output",
     "require_same_device",
     "require_writable",
     "shape_str",
@@ -74,6 +75,26 @@ def require_no_overlap(out: TensorView, inputs: tuple) -> None:
     for other in inputs:
         if other is not None and overlaps(out, other):
             raise ValueError(f"{out.name} must not overlap {other.name} in memory (its bytes alias the input)")
+
+
+def require_output(v: TensorView, ref: TensorView, inputs: tuple, *, shape: tuple[int, ...], align: int,
+                   dtype: str | None = None, hint: str = "") -> None:
+    """An output the caller gave: ``shape`` (``hint`` says where it comes from), ``dtype`` (None:
+    ``ref``'s dtype), contiguous (unless empty), on ``ref``'s device, ``align``-byte aligned, writable, overlapping
+    none of ``inputs`` (None entries allowed), not requiring grad."""
+    if tuple(v.shape) != tuple(shape):
+        raise ValueError(f"{v.name} must have shape ({', '.join(str(d) for d in shape)}){hint}, got {shape_str(v)}")
+    if dtype is None:
+        require_dtype(v, (), like=ref)
+    elif v.dtype != dtype:
+        raise TypeError(f"{v.name} must have dtype {dtype}, got {v.dtype}")
+    if v.size:  # a zero-size array has no memory to lay out (its strides may be anything)
+        require_contiguous(v)
+    require_same_device(v, ref)
+    require_aligned(v, align)
+    require_writable(v)
+    require_no_overlap(v, inputs)
+    require_no_grad(v)
 
 
 def require_writable(v: TensorView) -> None:
