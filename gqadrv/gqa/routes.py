@@ -285,21 +285,32 @@ def prefers_portable(cc: tuple[int, int], head_dim: int, ctas: int, sm_count: in
     return cc == (9, 0) and head_dim == 128 and sm_count > 0 and ctas >= PORTABLE_MIN_WAVES * sm_count
 
 
-def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str, group: int,
-                   backend: str | None = None, ctas: int = 0, sm_count: int = 0) -> Variant:
-    """The route for a device and problem. ``backend`` (or GQADRV_BACKEND) may force a backend;
-    ``ctas`` (batch x KV heads) and ``sm_count`` enable the large-batch rule (prefers_portable)."""
+def _check_dtype_head_dim(dtype: str, head_dim: int) -> None:
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype {dtype} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
-    if not 1 <= group <= MAX_GROUP:
-        raise ValueError(f"group size {group} is not supported; supported: 1..{MAX_GROUP}")
+
+
+def _native_and_forced(cc: tuple[int, int], backend: str | None) -> tuple[str, str | None]:
+    """(the GPU's own backend, the backend forced by ``backend`` / GQADRV_BACKEND or None); a forced
+    backend the GPU lacks is a RuntimeError."""
     native = backend_for_cc(cc)
     forced = _backend_override(backend)
     if forced in ("hopper", "tcgen05") and native != forced:
         need = "9.0" if forced == "hopper" else "10.0 or 11.0"
         raise RuntimeError(f"backend {forced!r} needs compute capability {need}, this GPU has {cc[0]}.{cc[1]}")
+    return native, forced
+
+
+def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str, group: int,
+                   backend: str | None = None, ctas: int = 0, sm_count: int = 0) -> Variant:
+    """The route for a device and problem. ``backend`` (or GQADRV_BACKEND) may force a backend;
+    ``ctas`` (batch x KV heads) and ``sm_count`` enable the large-batch rule (prefers_portable)."""
+    _check_dtype_head_dim(dtype, head_dim)
+    if not 1 <= group <= MAX_GROUP:
+        raise ValueError(f"group size {group} is not supported; supported: 1..{MAX_GROUP}")
+    native, forced = _native_and_forced(cc, backend)
     chosen = forced or native
     rows = rows_for_group(group)
     short = capacity <= SHORT_CAPACITY_MAX
@@ -321,15 +332,8 @@ def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: i
     are TMA-describable with page size >= 16 (``tma_ok``, decided by gqa/paged.py), "paged"
     (cp.async, every architecture) otherwise or with backend 'portable'. ``backend`` is checked as
     in select_variant (a forced backend the GPU lacks is an error)."""
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype {dtype} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
-    native = backend_for_cc(cc)
-    forced = _backend_override(backend)
-    if forced in ("hopper", "tcgen05") and native != forced:
-        need = "9.0" if forced == "hopper" else "10.0 or 11.0"
-        raise RuntimeError(f"backend {forced!r} needs compute capability {need}, this GPU has {cc[0]}.{cc[1]}")
+    _check_dtype_head_dim(dtype, head_dim)
+    native, forced = _native_and_forced(cc, backend)
     fam = "paged_tma" if tma_ok and (forced or native) == "hopper" else "paged"
     return Variant(FAMILIES[fam], dtype, head_dim, rows_for_group(rows), tiling_for(fam, head_dim), switches_for(fam))
 
