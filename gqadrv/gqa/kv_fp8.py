@@ -35,7 +35,7 @@ from ..ops.registry import KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
-from ..runtime.streams import device_hint, order_inputs, resolve_stream
+from ..runtime.streams import launch_streams
 from ..runtime.tensors import TensorView, as_view
 from ..types import ArrayT, OutT, ScaleT, StreamLike
 from . import fp8_reference as _ref
@@ -326,12 +326,6 @@ def _run(problem: KvFp8Problem, like: Any, out: Any, scale: Any, out_scale: Any,
     return codes, ret_scale
 
 
-def _ingest(first: Any, tensors: tuple[Any, ...], stream: StreamLike | None) -> tuple[int, int | None]:
-    _drv.ensure_init()
-    dev = device_hint(first)
-    s = resolve_stream(stream, dev, _tensors.framework_of(first))
-    return s, order_inputs(tensors, dev, s)
-
 
 # ----------------------------------------------------------------------------- public API
 @overload
@@ -384,7 +378,7 @@ def quantize_kv_fp8(x: Any, scale: Any = None, *, head_axis: int | None = None, 
     if head_axis is not None and scale is None:
         raise ValueError("head_axis selects per-head scales, which must be given (scale=array [H]); a computed "
                          "scale is per tensor: pass head_axis=None")
-    s, dl = _ingest(x, (x, scale if hasattr(scale, "__dlpack__") else None, out, out_scale), stream)
+    s, dl = launch_streams(x, (x, scale if hasattr(scale, "__dlpack__") else None, out, out_scale), stream)
     problem = validate(x, scale, head_axis, out, out_scale, stream=dl)
     return _run(problem, x, out, scale, out_scale, s)
 

@@ -28,24 +28,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import struct
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..ops import contract as _oc
 from ..ops.kernels import Loaded, load
+from ..ops import outputs as _outputs
 from ..ops.plans import launch_packed
 from ..ops.registry import KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, ParamKind, Signature
-from ..runtime.streams import (
-    current_stream,
-    device_hint,
-    on_stream,
-    order_inputs,
-    resolve_stream,
-)
+from ..runtime.streams import launch_streams
 from ..runtime.tensors import TensorView, as_view
 from ..types import ArrayT, DLPackArray, LseT, OutT, StreamLike
 
@@ -362,58 +356,23 @@ def launch_geometry(problem: MergeProblem) -> tuple[tuple[int, int, int], tuple[
     return (-(-problem.items // THREADS), 1, 1), (THREADS, 1, 1), 0
 
 
-def _new_outputs(problem: MergeProblem, like: Any, s: int) -> tuple[Any, Any, int, int, Any, Any]:
-    """(out obj, lse obj, out ptr, lse ptr, CuPy out to export, CuPy lse to export) for the outputs
-    the caller did not give. torch inputs on torch's current stream get torch tensors (torch's
-    allocator, like's device); otherwise CuPy allocates on ``s`` (handed back by ``_export``)."""
-    dev = problem.device
-    o = lo = o_arr = l_arr = None
-    o_ptr = problem.out.ptr if problem.out is not None else 0
-    l_ptr = problem.out_lse.ptr if problem.out_lse is not None else 0
-    need_o, need_l = problem.out is None, problem.out_lse is None
-    if not (need_o or need_l):
-        return o, lo, o_ptr, l_ptr, None, None
-    torch = sys.modules.get("torch")
-    if _tensors.framework_of(like) == "torch" and torch is not None and s == current_stream("torch", dev):
-        if need_o:
-            o = like.new_empty(problem.out_shape)
-            o_ptr = int(o.data_ptr())
-        if need_l:
-            lo = like.new_empty(problem.lse_shape, dtype=torch.float32)
-            l_ptr = int(lo.data_ptr())
-        return o, lo, o_ptr, l_ptr, None, None
-    with on_stream(s, dev):
-        if need_o:
-            o_arr = _tensors.empty(problem.out_shape, problem.dtype, dev)
-            o_ptr = int(o_arr.data.ptr)
-        if need_l:
-            l_arr = _tensors.empty(problem.lse_shape, "float32", dev)
-            l_ptr = int(l_arr.data.ptr)
-    return o, lo, o_ptr, l_ptr, o_arr, l_arr
-
-
 def _run(problem: MergeProblem, like: Any, out: Any, out_lse: Any, s: int) -> tuple[Any, Any]:
-    o, lo, o_ptr, l_ptr, o_arr, l_arr = _new_outputs(problem, like, s)
+    """Allocate the outputs the caller did not give (ops.outputs: torch's allocator for torch inputs
+    on torch's current stream, else CuPy on ``s``), launch, hand them back in like's framework."""
+    dev = problem.device
+    o_new = _outputs.allocate(like, problem.out_shape, problem.dtype, dev, s) if problem.out is None else None
+    l_new = _outputs.allocate(like, problem.lse_shape, "float32", dev, s) if problem.out_lse is None else None
+    o_ptr = problem.out.ptr if o_new is None else o_new.ptr
+    l_ptr = problem.out_lse.ptr if l_new is None else l_new.ptr
     if problem.rows > 0:
         _variant, loaded = route(problem.dtype, problem.num_states, problem.device)
         fields, table = args_fields(problem, o_ptr, l_ptr)
         grid, block, smem = launch_geometry(problem)
         launch_packed(loaded.kernel, grid, block, smem, SIGNATURE, s, (fields, table), problem.device)
-    if o_arr is not None or l_arr is not None:
-        with on_stream(s, problem.device):
-            if o_arr is not None:
-                o = _tensors.export_like(o_arr, like)
-            if l_arr is not None:
-                lo = _tensors.export_like(l_arr, like)
-    return (out if out is not None else o), (out_lse if out_lse is not None else lo)
+    o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
+    lo = out_lse if l_new is None else _outputs.hand_back(l_new, like, s, dev)
+    return o, lo
 
-
-def _ingest(first: Any, tensors: tuple[Any, ...], stream: StreamLike | None) -> tuple[int, int | None]:
-    """Resolve the launch stream and order every input's producer before it: (stream, DLPack stream)."""
-    _drv.ensure_init()
-    dev = device_hint(first)
-    s = resolve_stream(stream, dev, _tensors.framework_of(first))
-    return s, order_inputs(tensors, dev, s)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -440,7 +399,7 @@ def merge_state(v_a: ArrayT, s_a: DLPackArray, v_b: DLPackArray, s_b: DLPackArra
     host, so it can be captured into a CUDA graph (after one call outside capture has loaded the
     kernel).
     """
-    s, dl = _ingest(v_a, (v_a, s_a, v_b, s_b, out, out_lse), stream)
+    s, dl = launch_streams(v_a, (v_a, s_a, v_b, s_b, out, out_lse), stream)
     problem = validate_pair(v_a, s_a, v_b, s_b, out, out_lse, stream=dl)
     return _run(problem, v_a, out, out_lse, s)
 
@@ -469,10 +428,10 @@ def merge_states(v: ArrayT | Sequence[ArrayT], s: DLPackArray | Sequence[DLPackA
     if listed:
         vs, ss = list(v), list(s)
         check_list_counts(len(vs), len(ss))  # before the GPU is looked for
-        st, dl = _ingest(vs[0], (*vs, *ss, out, out_lse), stream)
+        st, dl = launch_streams(vs[0], (*vs, *ss, out, out_lse), stream)
         problem = validate_list(vs, ss, out, out_lse, stream=dl)
         return _run(problem, vs[0], out, out_lse, st)
-    st, dl = _ingest(v, (v, s, out, out_lse), stream)
+    st, dl = launch_streams(v, (v, s, out, out_lse), stream)
     problem = validate_stacked(v, s, out, out_lse, stream=dl)
     return _run(problem, v, out, out_lse, st)
 

@@ -24,22 +24,22 @@ import math
 from typing import Any, Literal, overload
 
 from ..ops import kernels as _kernels
+from ..ops import outputs as _outputs
 from ..ops import workspace as _workspace
 from ..ops.bounded import BoundedMap
 from ..ops.kernels import Loaded
 from ..ops.plans import launch_packed
 from ..ops.workspace import Workspace
 from ..runtime import driver as _drv
-from ..runtime import tensors as _tensors
 from ..runtime.module import ArgPack, LaunchPlan
 from ..runtime.tensormap import TensorMapError, TmaSpec, encode_tiled, validate_tiled
 from ..ops.prepared import prepare_streams
-from ..runtime.streams import device_hint, on_stream, order_inputs, resolve_stream
+from ..runtime.streams import launch_streams
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import routes as _routes
 from .api import PreparedGqaDecode
 from .args import GQA_FLAG_L2_EVICT_FIRST
-from .contract import MAX_SPLITS, check_num_splits
+from .contract import MAX_SPLITS, check_num_splits, check_scale_pair
 from .paged_args import GQA_PAGED_FLAG_HND
 from .paged_contract import PagedProblem, contiguous_problem, validate_paged
 
@@ -106,11 +106,11 @@ def route(problem: PagedProblem, backend: str | None,
     order of its sums) never depends on the batch it is in."""
     info = _drv.device_info(problem.device)
     maps = None
-    forced = _routes._backend_override(backend)
-    if _routes.backend_for_cc(info.cc) == "hopper" and forced in (None, "hopper"):
+    native, forced = _routes._native_and_forced(info.cc, backend)
+    if native == "hopper" and forced in (None, "hopper"):
         # the large-batch rule of the contiguous routes (routes.prefers_portable): from two waves
         # of CTAs on, the cp.async kernel streams a cold cache faster (docs/RESULTS.md, paged table)
-        units = problem.batch * problem.num_kv_heads * -(-problem.rows // (8 if problem.rows <= 8 else 16))
+        units = problem.batch * problem.num_kv_heads * -(-problem.rows // _routes.rows_for_group(problem.rows))
         if forced == "hopper" or deterministic or not _routes.prefers_portable(info.cc, problem.head_dim, units,
                                                                                 info.sm_count):
             maps = tma_maps(problem)
@@ -209,13 +209,6 @@ def _split_workspace(problem, variant, splits, stream, pooled: bool) -> Workspac
     return _workspace.alloc(problem.device, stream, sizes, WORKSPACE_ZERO)
 
 
-def _launch_streams(first: Any, tensors: tuple, stream: Any) -> tuple[int, int | None]:
-    """(launch stream, DLPack handshake stream) of a convenience call (inputs' producers ordered)."""
-    _drv.ensure_init()
-    dev = device_hint(first)
-    s = resolve_stream(stream, dev, _tensors.framework_of(first))
-    return s, order_inputs(tensors, dev, s)
-
 
 def _check_flags(return_lse: Any, deterministic: Any) -> None:
     for name, v in (("return_lse", return_lse), ("deterministic", deterministic)):
@@ -230,24 +223,19 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
     variant, loaded, maps = route(problem, backend, deterministic)
     splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
     dev = problem.device
-    o_arr = l_arr = None
-    with on_stream(s, dev):
-        if problem.out is None:
-            o_arr = _tensors.empty(problem.out_shape, problem.dtype, dev)
-        if want_lse and problem.lse is None:
-            l_arr = _tensors.empty(problem.lse_shape, "float32", dev)
-    out_ptr = problem.out.ptr if problem.out is not None else int(o_arr.data.ptr)
-    lse_ptr = problem.lse.ptr if problem.lse is not None else (int(l_arr.data.ptr) if l_arr is not None else 0)
+    o_new = _outputs.allocate(like, problem.out_shape, problem.dtype, dev, s) if problem.out is None else None
+    l_new = _outputs.allocate(like, problem.lse_shape, "float32", dev, s) if want_lse and problem.lse is None else None
+    out_ptr = problem.out.ptr if o_new is None else o_new.ptr
+    lse_ptr = problem.lse.ptr if problem.lse is not None else (l_new.ptr if l_new is not None else 0)
     ws = _split_workspace(problem, variant, splits, s, pooled=True)
     args = args_fields(problem, variant, out_ptr=out_ptr, lse_ptr=lse_ptr, ws=ws, status_ptr=0, splits=splits,
                        split_subs=subs)
     grid, block, smem = geometry(problem, variant, splits)
     launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, param_values(variant, maps, args), dev)
-    with on_stream(s, dev):
-        o = out if out is not None else _tensors.export_like(o_arr, like)
-        if not want_lse:
-            return o
-        lo = lse if lse is not None else _tensors.export_like(l_arr, like)
+    o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
+    if not want_lse:
+        return o
+    lo = lse if l_new is None else _outputs.hand_back(l_new, like, s, dev)
     return o, lo
 
 
@@ -293,12 +281,10 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
     stream of q's framework); outputs come back in q's framework.
     """
     _check_flags(return_lse, deterministic)
-    from .contract import check_scale_pair
-
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     splits_req = check_num_splits(num_splits)
-    s, dl_stream = _launch_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream)
+    s, dl_stream = launch_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream)
     problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse, q_scale, sm_scale,
                              stream=dl_stream)
     return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, splits_req, b, out, lse)
@@ -308,11 +294,9 @@ def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, retu
                       q_scale: Any, sm_scale: Any, stream: Any, backend: Any) -> Any:
     """gqa_decode for a 4-D q, an LSE output or deterministic=True (contiguous cache as pages)."""
     _check_flags(return_lse, deterministic)
-    from .contract import check_scale_pair
-
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
-    s, dl_stream = _launch_streams(q, (q, kv, lengths, out, lse), stream)
+    s, dl_stream = launch_streams(q, (q, kv, lengths, out, lse), stream)
     problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream)
     return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, None, b, out, lse)
 
@@ -372,8 +356,6 @@ def prepare_gqa_decode_paged(*, q: DLPackArray, k_cache: DLPackArray, block_tabl
     on the device at every launch, so in-place updates between graph replays are honoured. Call
     outside CUDA-graph capture."""
     _check_flags(False, deterministic)
-    from .contract import check_scale_pair
-
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     splits_req = check_num_splits(num_splits)

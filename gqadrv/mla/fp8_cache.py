@@ -30,7 +30,7 @@ from ..ops.registry import KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
-from ..runtime.streams import device_hint, order_inputs, resolve_stream
+from ..runtime.streams import launch_streams
 from ..runtime.tensors import TensorView, as_view
 from ..types import ArrayT, OutT, StreamLike
 from . import fp8_reference as _ref
@@ -274,12 +274,6 @@ def _run(problem: Fp8CacheProblem, like: Any, out: Any, s: int) -> Any:
     return out
 
 
-def _ingest(first: Any, tensors: tuple[Any, ...], stream: StreamLike | None) -> tuple[int, int | None]:
-    _drv.ensure_init()
-    dev = device_hint(first)
-    s = resolve_stream(stream, dev, _tensors.framework_of(first))
-    return s, order_inputs(tensors, dev, s)
-
 
 # ----------------------------------------------------------------------------- public API
 def quantize_k_cache(k_bf16: ArrayT, *, out: OutT | None = None, stream: StreamLike | None = None) -> OutT | ArrayT:
@@ -303,7 +297,7 @@ def quantize_k_cache(k_bf16: ArrayT, *, out: OutT | None = None, stream: StreamL
     device data is read on the host: the call can be captured into a CUDA graph (after one call
     outside capture has loaded the kernel).
     """
-    s, dl = _ingest(k_bf16, (k_bf16, out), stream)
+    s, dl = launch_streams(k_bf16, (k_bf16, out), stream)
     problem = validate_quantize(k_bf16, out, stream=dl)
     return _run(problem, k_bf16, out, s)
 
@@ -319,7 +313,7 @@ def dequantize_k_cache(k_fp8: ArrayT, *, out: OutT | None = None, stream: Stream
     codes give NaN, stored as 0x7FFF); channels 512..575 = the stored RoPE bf16 bits. Stream,
     ordering and graph capture as in ``quantize_k_cache``.
     """
-    s, dl = _ingest(k_fp8, (k_fp8, out), stream)
+    s, dl = launch_streams(k_fp8, (k_fp8, out), stream)
     problem = validate_dequantize(k_fp8, out, stream=dl)
     return _run(problem, k_fp8, out, s)
 

@@ -18,8 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from ..runtime import driver as _drv
 from ..runtime.module import LaunchPlan
-from ..runtime.streams import device_hint, is_capturing, order_inputs, resolve_stream
-from ..runtime.tensors import framework_of
+from ..runtime.streams import is_capturing, launch_streams, resolve_stream
 from ..types import StreamLike
 
 __all__ = ["Prepared", "PreparedDecode", "check_status", "launch_prepared", "prepare_streams"]
@@ -79,13 +78,11 @@ def prepare_streams(first: Any, tensors: tuple[Any, ...], stream: StreamLike | N
     ``first``: the stream resolved as for the convenience calls, every input's producer ordered
     before it (``runtime.streams.order_inputs``). A prepare call allocates and synchronizes, so a
     stream under CUDA-graph capture is refused (RuntimeError naming ``op``)."""
-    _drv.ensure_init()
-    dev = device_hint(first)
-    s = resolve_stream(stream, dev, framework_of(first))
+    s, dl_stream = launch_streams(first, tensors, stream)  # (no ordering is done under capture)
     if is_capturing(s):
         raise RuntimeError(f"{op} must be called outside CUDA-graph capture (it allocates and synchronizes); "
                            "capture launch_prepared instead")
-    return s, order_inputs(tensors, dev, s)
+    return s, dl_stream
 
 
 def launch_prepared(prepared: Prepared[R], stream: StreamLike | None = None) -> R:

@@ -228,3 +228,16 @@ def order_fast(kind: str, tensors: Iterable[Any], device: int, s: int, current: 
                 x.__dlpack__(stream=1 if s == 0 else s)
     else:
         raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def launch_streams(first: Any, tensors: Iterable[Any], stream: StreamLike | None) -> tuple[int, int | None]:
+    """(launch stream, DLPack handshake stream) of a call whose first tensor is ``first``: the
+    driver initialised, ``stream`` resolved for first's device and framework (``resolve_stream``),
+    every input's producer ordered before it (``order_inputs``; None entries are skipped)."""
+    from .driver import ensure_init
+    from .tensors import framework_of
+
+    ensure_init()
+    dev = device_hint(first)
+    s = resolve_stream(stream, dev, framework_of(first))
+    return s, order_inputs(tensors, dev, s)
