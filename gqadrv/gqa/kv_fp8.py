@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 from ..ops import contract as _oc
 from ..ops import outputs as _outputs
 from ..ops.kernels import Loaded, load
 from ..ops.plans import launch_packed
-from ..ops.registry import KernelFamily, OpRecord
+from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
@@ -83,9 +83,10 @@ _OP_CODE = {AMAX.name: 0, QUANTIZE.name: 1}
 
 
 @dataclasses.dataclass(frozen=True)
-class KvFp8Variant:
+class KvFp8Variant(ElementwiseGeometry):
     """One compiled module (one entry, one input dtype)."""
 
+    THREADS: ClassVar[int] = THREADS
     family: KernelFamily
     dtype: str
 
@@ -97,13 +98,6 @@ class KvFp8Variant:
     def defines(self) -> dict:
         return {"KVFP8_DT": _DT_CODE[self.dtype], "KVFP8_OP": _OP_CODE[self.family.name]}
 
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
-
-    @property
-    def dynamic_smem(self) -> int:
-        return 0
 
 
 def variants_for_arch(arch: str) -> list[KvFp8Variant]:

@@ -29,13 +29,13 @@ import dataclasses
 import itertools
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..ops import contract as _oc
 from ..ops.kernels import Loaded, load
 from ..ops import outputs as _outputs
 from ..ops.plans import launch_packed
-from ..ops.registry import KernelFamily, OpRecord
+from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, ParamKind, Signature
@@ -93,11 +93,12 @@ FAMILY = KernelFamily("merge_state", "gqa/smxx/merge_state.cu", "merge_state", _
 
 
 @dataclasses.dataclass(frozen=True)
-class MergeVariant:
+class MergeVariant(ElementwiseGeometry):
     """One compiled module: the family for one dtype and load batch (``ops.kernels.load`` needs
     name, family, defines, block and dynamic_smem). ``batch``: states whose loads a thread issues
     together (MERGE_BATCH): 2 for K <= 2, else 4 (``batch_for``)."""
 
+    THREADS: ClassVar[int] = THREADS
     family: KernelFamily
     dtype: str
     batch: int = 4
@@ -110,13 +111,6 @@ class MergeVariant:
     def defines(self) -> dict:
         return {"MERGE_DT": _DT_CODE[self.dtype], "MERGE_BATCH": self.batch}
 
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
-
-    @property
-    def dynamic_smem(self) -> int:
-        return 0
 
 
 # States per batch of loads. Measured on the H200 (stacked fp16 [16384, K, 32, 128], CuPy copy 4.0 TB/s):

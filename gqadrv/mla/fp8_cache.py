@@ -20,13 +20,13 @@ CLI iterates (``compile``, ``info``, ``selftest``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from ..ops import contract as _oc
 from ..ops import outputs as _outputs
 from ..ops.kernels import Loaded, load
 from ..ops.plans import launch_packed
-from ..ops.registry import KernelFamily, OpRecord
+from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
@@ -73,10 +73,11 @@ _OP_CODE = {QUANTIZE.name: 0, DEQUANTIZE.name: 1}
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8CacheVariant:
+class Fp8CacheVariant(ElementwiseGeometry):
     """One compiled module (one entry point): ``ops.kernels.load`` needs name, family, defines,
     block and dynamic_smem."""
 
+    THREADS: ClassVar[int] = THREADS
     family: KernelFamily
 
     @property
@@ -87,13 +88,6 @@ class Fp8CacheVariant:
     def defines(self) -> dict:
         return {"MLA_FP8_OP": _OP_CODE[self.family.name]}
 
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
-
-    @property
-    def dynamic_smem(self) -> int:
-        return 0
 
 
 def variants_for_arch(arch: str) -> list[Fp8CacheVariant]:

@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 from ..runtime.module import Signature
 
-__all__ = ["FeatureError", "KernelFamily", "OpRecord", "require_features"]
+__all__ = ["ElementwiseGeometry", "FeatureError", "KernelFamily", "OpRecord", "require_features"]
 
 
 class FeatureError(NotImplementedError):
@@ -32,6 +32,22 @@ class KernelFamily:
     arches: tuple[str, ...]      # NVRTC targets this family is built and checked for
     signature: Signature
     features: frozenset = frozenset()
+
+
+class ElementwiseGeometry:
+    """Mixin of the variants of elementwise families (merge, FP8 quantizers): a block of
+    ``THREADS`` threads (the subclass sets it, equal to the kernel's compile-time constant) and no
+    dynamic shared memory."""
+
+    THREADS: ClassVar[int]
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.THREADS, 1, 1)
+
+    @property
+    def dynamic_smem(self) -> int:
+        return 0
 
 
 def require_features(family: KernelFamily, required: Iterable[str], where: str = "") -> None:
