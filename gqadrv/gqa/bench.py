@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import sys
 
-from ..ops.bench import BenchSpec, Timer, best_peer_times, log, speedup_cell
+from ..ops.bench import BenchSpec, Timer, best_peer_times, row_results, log, speedup_cell
 
 SEED_SHAPES = ["1,64,[1]", "4,256,[64;127;191;256]", "1,1024,[1024]", "1,4096,[3968]"]
 LARGE_SHAPES = ["1,32768", "16,4096", "64,4096", "128,8192", "256,2048"]
@@ -234,10 +234,9 @@ def format_table(meta: dict, rows: list) -> str:
            "| shape | gqadrv hot us | cold us | TB/s | % ceil | FlashInfer hot | FI tc hot | SDPA hot | best peer cold | x hot | x cold | route / splits |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        res = r["results"]
-        g = res.get("gqadrv", {})
-        if "hot_us" not in g:
-            out.append(f"| {r['shape']} | error: {g.get('error', '?')[:80]} |")
+        res, g, error_line = row_results(r)
+        if error_line is not None:
+            out.append(error_line)
             continue
         tbps = r["kv_bytes"] / (g["hot_us"] * 1e-6) / 1e12
         best_hot, best_cold = best_peer_times(res)

@@ -30,7 +30,7 @@ import dataclasses
 import gc
 import sys
 
-from ..ops.bench import BenchSpec, Timer, best_peer_times, log, speedup_cell
+from ..ops.bench import BenchSpec, Timer, best_peer_times, row_results, log, speedup_cell
 
 HQ, HKV, D = 32, 8, 128
 PAGES = (16, 1)
@@ -372,10 +372,9 @@ def format_table(meta: dict, rows: list) -> str:
             "x best FI cold | route / splits | max diff contig / FI |"),
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        res = r["results"]
-        g = res.get("gqadrv", {})
-        if "hot_us" not in g:
-            out.append(f"| {r['shape']} | error: {g.get('error', '?')[:80]} |")
+        res, g, error_line = row_results(r)
+        if error_line is not None:
+            out.append(error_line)
             continue
         tbps = r["kv_bytes"] / (g["hot_us"] * 1e-6) / 1e12
         best_hot, best_cold = best_peer_times(res)

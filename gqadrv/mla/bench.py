@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..ops.bench import BenchSpec, Timer, best_peer_times, log, speedup_cell
+from ..ops.bench import BenchSpec, Timer, best_peer_times, row_results, log, speedup_cell
 
 ROWS = ([(128, 1, h, L, "uniform") for h in (128, 64, 16) for L in (4096, 8192, 16384, 32768)]
         + [(128, 2, h, 8192, "uniform") for h in (64, 128)] + [(128, 1, 128, 8192, "varlen"), (128, 1, 16, 8192, "varlen")])
@@ -130,10 +130,9 @@ def format_table(meta: dict, rows: list) -> str:
            "| row | gqadrv hot us | TFLOPS | TB/s | cold us | FlashMLA hot us / TFLOPS / TB/s | FlashInfer hot us / TFLOPS / TB/s | x best peer hot | x best peer cold | route / splits |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        res = r["results"]
-        g = res.get("gqadrv", {})
-        if "hot_us" not in g:
-            out.append(f"| {r['shape']} | error: {g.get('error', '?')[:80]} |")
+        res, g, error_line = row_results(r)
+        if error_line is not None:
+            out.append(error_line)
             continue
 
         def peer(name):

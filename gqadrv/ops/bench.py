@@ -112,6 +112,16 @@ class Timer:
         return statistics.median(ts)
 
 
+def row_results(r: dict) -> tuple[dict, dict, str | None]:
+    """(a bench row's results, gqadrv's result, the table line that replaces the row when gqadrv has
+    no timing: its error)."""
+    res = r["results"]
+    g = res.get("gqadrv", {})
+    if "hot_us" in g:
+        return res, g, None
+    return res, g, f"| {r['shape']} | error: {g.get('error', '?')[:80]} |"
+
+
 def best_peer_times(res: dict) -> tuple[float | None, float | None]:
     """The fastest hot and cold times (µs) among a row's peers: every result not named ``gqadrv*``
     that has timings; None where no peer ran."""
