@@ -33,10 +33,9 @@ from ..ops.kernels import Loaded, load
 from ..ops.plans import launch_packed
 from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
-from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
 from ..runtime.streams import launch_streams
-from ..runtime.tensors import TensorView, as_view
+from ..runtime.tensors import TensorView
 from ..types import ArrayT, OutT, ScaleT, StreamLike
 from . import fp8_reference as _ref
 
@@ -147,16 +146,6 @@ class KvFp8Problem:
 _shape = _oc.shape_str
 
 
-def _view(obj: Any, name: str, stream: int | None) -> TensorView:
-    if _tensors.framework_of(obj) == "torch" and getattr(obj, "requires_grad", False):
-        raise ValueError(f"{name} requires grad, but gqadrv kernels have no backward pass; pass {name}.detach() "
-                         "(inference) or compute gradients with another implementation")
-    return as_view(obj, name, stream=stream, cupy_ordered=True)
-
-
-def _contiguous(v: TensorView) -> None:
-    if v.size:
-        _oc.require_contiguous(v)
 
 
 def _is_number(value: Any) -> bool:
@@ -186,9 +175,9 @@ def check_head_axis(head_axis: Any, ndim: int) -> int:
 
 def validate(x: Any, scale: Any, head_axis: Any, out: Any, out_scale: Any, *, stream: int | None) -> KvFp8Problem:
     """Every host-visible rule of ``quantize_kv_fp8``, before any launch."""
-    xv = _view(x, "x", stream)
+    xv = _oc.view_without_grad(x, "x", stream)
     _oc.require_dtype(xv, SUPPORTED_DTYPES)
-    _contiguous(xv)
+    _oc.require_contiguous_or_empty(xv)
     _oc.require_aligned(xv, xv.itemsize)
     _oc.require_no_grad(xv)
     shape = tuple(int(d) for d in xv.shape)
@@ -202,7 +191,7 @@ def validate(x: Any, scale: Any, head_axis: Any, out: Any, out_scale: Any, *, st
             raise ValueError("head_axis needs per-head scales as a device float32 array [H], not a number")
         mode, value = "value", check_scale_value(scale)
     elif hasattr(scale, "__dlpack__"):
-        sv = _view(scale, "scale", stream)
+        sv = _oc.view_without_grad(scale, "scale", stream)
         if sv.dtype != "float32":
             raise TypeError(f"scale must have dtype float32, got {sv.dtype}")
         _oc.require_same_device(sv, xv)
@@ -221,19 +210,19 @@ def validate(x: Any, scale: Any, head_axis: Any, out: Any, out_scale: Any, *, st
                 raise ValueError(f"per-head scales must have shape ({heads},) (x.shape[{head_axis}]), got {_shape(sv)}")
             if not 1 <= heads <= MAX_HEADS:
                 raise ValueError(f"x.shape[{head_axis}] = {heads} heads: per-head scales need 1..{MAX_HEADS} heads")
-            _contiguous(sv)
+            _oc.require_contiguous_or_empty(sv)
             mode = "head"
     else:
         raise TypeError(f"scale must be None, a number or a float32 device array (DLPack); got {type(scale).__name__}")
 
     ov = None
     if out is not None:
-        ov = _view(out, "out", stream)
+        ov = _oc.view_without_grad(out, "out", stream)
         if tuple(ov.shape) != shape:
             raise ValueError(f"out must have x's shape {_shape(xv)}, got {_shape(ov)}")
         if ov.dtype not in FP8_DTYPES:
             raise TypeError(f"out must have dtype {' or '.join(FP8_DTYPES)} (one e4m3 code per element), got {ov.dtype}")
-        _contiguous(ov)
+        _oc.require_contiguous_or_empty(ov)
         _oc.require_same_device(ov, xv)
         _oc.require_writable(ov)
         _oc.require_no_overlap(ov, (xv, sv))
@@ -243,7 +232,7 @@ def validate(x: Any, scale: Any, head_axis: Any, out: Any, out_scale: Any, *, st
         if mode != "computed":
             raise ValueError("out_scale receives a computed scale: give it only with scale=None (a given scale is "
                              "returned as it is)")
-        osv = _view(out_scale, "out_scale", stream)
+        osv = _oc.view_without_grad(out_scale, "out_scale", stream)
         if osv.dtype != "float32":
             raise TypeError(f"out_scale must have dtype float32, got {osv.dtype}")
         if osv.size != 1:

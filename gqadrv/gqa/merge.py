@@ -40,7 +40,7 @@ from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, ParamKind, Signature
 from ..runtime.streams import launch_streams
-from ..runtime.tensors import TensorView, as_view
+from ..runtime.tensors import TensorView
 from ..types import ArrayT, DLPackArray, LseT, OutT, StreamLike
 
 __all__ = ["merge_state", "merge_states"]
@@ -190,18 +190,6 @@ def check_head_dim(d: int, name: str) -> None:
                          f"[{HEAD_DIM_MULTIPLE}, {MAX_HEAD_DIM}], got {d}")
 
 
-def _view(obj: Any, name: str, stream: int | None) -> TensorView:
-    """``as_view`` after refusing a torch tensor that requires grad (gqadrv has no backward pass;
-    torch would refuse the DLPack export with a less helpful error)."""
-    if _tensors.framework_of(obj) == "torch" and getattr(obj, "requires_grad", False):
-        raise ValueError(f"{name} requires grad, but gqadrv kernels have no backward pass; pass {name}.detach() "
-                         "(inference) or compute gradients with another implementation")
-    return as_view(obj, name, stream=stream, cupy_ordered=True)
-
-
-def _require_contiguous(v: TensorView) -> None:
-    if v.size:  # a zero-size array has no memory to lay out (its strides may be anything)
-        _oc.require_contiguous(v)
 
 
 def _check_v(vv: TensorView, ref: TensorView | None) -> None:
@@ -213,7 +201,7 @@ def _check_v(vv: TensorView, ref: TensorView | None) -> None:
             raise ValueError(f"{vv.name} must have the shape of {ref.name} {_shape(ref)}, got {_shape(vv)}")
         _oc.require_dtype(vv, SUPPORTED_DTYPES, like=ref)
         _oc.require_same_device(vv, ref)
-    _require_contiguous(vv)
+    _oc.require_contiguous_or_empty(vv)
     _oc.require_aligned(vv, vv.itemsize)
     _oc.require_no_grad(vv)
 
@@ -223,7 +211,7 @@ def _check_s(sv: TensorView, vv: TensorView, shape: tuple[int, ...], what: str) 
         raise TypeError(f"{sv.name} must have dtype float32 (the natural-log LSE), got {sv.dtype}")
     if tuple(sv.shape) != tuple(shape):
         raise ValueError(f"{sv.name} must have shape {_fmt(shape)} ({what}), got {_shape(sv)}")
-    _require_contiguous(sv)
+    _oc.require_contiguous_or_empty(sv)
     _oc.require_same_device(sv, vv)
     _oc.require_aligned(sv, 4)
     _oc.require_no_grad(sv)
@@ -238,10 +226,10 @@ def _check_outputs(out: Any, out_lse: Any, ref: TensorView, out_shape: tuple[int
                    names: tuple[str, str] = ("out", "out_lse")) -> tuple[TensorView | None, TensorView | None]:
     ov = lv = None
     if out is not None:
-        ov = _view(out, names[0], stream)
+        ov = _oc.view_without_grad(out, names[0], stream)
         _oc.require_output(ov, ref, inputs, shape=out_shape, align=ov.itemsize)
     if out_lse is not None:
-        lv = _view(out_lse, names[1], stream)
+        lv = _oc.view_without_grad(out_lse, names[1], stream)
         _oc.require_output(lv, ref, inputs + ((ov,) if ov is not None else ()), shape=lse_shape, align=4,
                            dtype="float32")
     return ov, lv
@@ -277,7 +265,7 @@ def validate_list(vs: Sequence[Any], ss: Sequence[Any], out: Any, out_lse: Any, 
     views_s: list[TensorView] = []
     ref: TensorView | None = None
     for i in range(k):
-        vv = _view(vs[i], names[i][0], stream)
+        vv = _oc.view_without_grad(vs[i], names[i][0], stream)
         if ref is None:
             if vv.ndim < 2:
                 raise ValueError(f"{vv.name} must have shape [..., H, D] (at least 2 dimensions), got {_shape(vv)}")
@@ -286,7 +274,7 @@ def validate_list(vs: Sequence[Any], ss: Sequence[Any], out: Any, out_lse: Any, 
             ref = vv
         else:
             _check_v(vv, ref)
-        sv = _view(ss[i], names[i][1], stream)
+        sv = _oc.view_without_grad(ss[i], names[i][1], stream)
         _check_s(sv, vv, tuple(vv.shape[:-1]), f"the shape of {vv.name} without its last dimension")
         views_v.append(vv)
         views_s.append(sv)
@@ -308,7 +296,7 @@ def validate_pair(v_a: Any, s_a: Any, v_b: Any, s_b: Any, out: Any, out_lse: Any
 
 def validate_stacked(v: Any, s: Any, out: Any, out_lse: Any, *, stream: int | None) -> MergeProblem:
     """FlashInfer's stacked layout: v [N, K, H, D], s fp32 [N, K, H] (state index in dim 1)."""
-    vv = _view(v, "v", stream)
+    vv = _oc.view_without_grad(v, "v", stream)
     if vv.ndim != 4:
         raise ValueError(f"v must have shape [N, K, H, D] (K states stacked in dim 1) or be a list of arrays "
                          f"[..., H, D]; got {_shape(vv)}")
@@ -317,7 +305,7 @@ def validate_stacked(v: Any, s: Any, out: Any, out_lse: Any, *, stream: int | No
         raise ValueError(f"v must hold at least one state (K = dim 1 >= 1); got {_shape(vv)}")
     _check_v(vv, None)
     check_head_dim(d, "v")
-    sv = _view(s, "s", stream)
+    sv = _oc.view_without_grad(s, "s", stream)
     _check_s(sv, vv, (n, k, h), "[N, K, H]: v's shape without its last dimension")
     rows = n * h
     _check_items(rows, d, vv.dtype, "v")

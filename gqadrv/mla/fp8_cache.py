@@ -31,7 +31,7 @@ from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
 from ..runtime.module import NamedStruct, Signature
 from ..runtime.streams import launch_streams
-from ..runtime.tensors import TensorView, as_view
+from ..runtime.tensors import TensorView
 from ..types import ArrayT, OutT, StreamLike
 from . import fp8_reference as _ref
 
@@ -132,12 +132,6 @@ class Fp8CacheProblem:
 _shape = _oc.shape_str
 
 
-def _view(obj: Any, name: str, stream: int | None) -> TensorView:
-    if _tensors.framework_of(obj) == "torch" and getattr(obj, "requires_grad", False):
-        raise ValueError(f"{name} requires grad, but gqadrv kernels have no backward pass; pass {name}.detach() "
-                         "(inference) or compute gradients with another implementation")
-    return as_view(obj, name, stream=stream, cupy_ordered=True)
-
 
 def _cache_shape(v: TensorView, last: int, what: str) -> tuple[int, int]:
     if v.ndim != 4 or v.shape[2] != 1 or v.shape[3] != last:
@@ -166,7 +160,7 @@ def _check_out(out: Any, ref: TensorView, shape: tuple[int, ...], dtypes: tuple[
                fixed_row_stride: bool, stream: int | None) -> TensorView:
     """A caller-given output: shape, dtype, device, contiguous rows, rows that never overlap each other
     (page stride >= the page's span), writable, no overlap with the input, no grad."""
-    ov = _view(out, "out", stream)
+    ov = _oc.view_without_grad(out, "out", stream)
     if tuple(ov.shape) != shape:
         raise ValueError(f"out must have shape ({', '.join(map(str, shape))}), got {_shape(ov)}")
     if ov.dtype not in dtypes:
@@ -195,7 +189,7 @@ def _check_out(out: Any, ref: TensorView, shape: tuple[int, ...], dtypes: tuple[
 def validate_quantize(k_bf16: Any, out: Any, *, stream: int | None) -> Fp8CacheProblem:
     """k_bf16 bf16 [num_blocks, page, 1, 576] (rows contiguous, any page and row strides); out (optional)
     uint8 / int8 / float8_e4m3fn [num_blocks, page, 1, 656] with stride(1) == 656 and any page stride."""
-    kv = _view(k_bf16, "k_bf16", stream)
+    kv = _oc.view_without_grad(k_bf16, "k_bf16", stream)
     nb, page = _cache_shape(kv, D_QK, "a bf16 MLA cache: 512 latent + 64 RoPE channels")
     if kv.dtype != "bfloat16":
         raise TypeError(f"k_bf16 must have dtype bfloat16 (FlashMLA's FP8 format keeps the RoPE channels as bf16), "
@@ -213,7 +207,7 @@ def validate_quantize(k_bf16: Any, out: Any, *, stream: int | None) -> Fp8CacheP
 def validate_dequantize(k_fp8: Any, out: Any, *, stream: int | None) -> Fp8CacheProblem:
     """k_fp8 uint8 / int8 / float8_e4m3fn [num_blocks, page, 1, 656] (rows contiguous, any page and row
     strides); out (optional) bf16 [num_blocks, page, 1, 576] with contiguous, non-overlapping rows."""
-    kv = _view(k_fp8, "k_fp8", stream)
+    kv = _oc.view_without_grad(k_fp8, "k_fp8", stream)
     nb, page = _cache_shape(kv, BYTES_PER_TOKEN, "the FP8 MLA cache: 512 e4m3 + 4 fp32 scales + 64 bf16")
     if kv.dtype not in FP8_DTYPES:
         raise TypeError(f"k_fp8 must have dtype {' or '.join(FP8_DTYPES)} (the 656 bytes of each token), got "

@@ -11,7 +11,7 @@ import numbers
 import sys
 from typing import Any
 
-from ..runtime.tensors import TensorView, overlaps
+from ..runtime.tensors import TensorView, as_view, framework_of, overlaps
 
 __all__ = [
     "F32_MAX",
@@ -20,6 +20,8 @@ __all__ = [
     "check_positive_scale",
     "require_aligned",
     "require_contiguous",
+    "require_contiguous_or_empty",
+    "view_without_grad",
     "require_dtype",
     "require_inner_contiguous",
     "require_no_grad",
@@ -41,6 +43,21 @@ def require_contiguous(v: TensorView) -> None:
     if not v.contiguous:
         raise ValueError(f"{v.name} must be contiguous (row-major); got shape {shape_str(v)} with strides "
                          f"{v.strides} (elements)")
+
+
+def require_contiguous_or_empty(v: TensorView) -> None:
+    """``require_contiguous``, except for a zero-size array (no memory to lay out; any strides)."""
+    if v.size:
+        require_contiguous(v)
+
+
+def view_without_grad(obj: Any, name: str, stream: int | None) -> TensorView:
+    """``as_view`` (CuPy producers already ordered) after refusing a torch tensor that requires grad:
+    gqadrv has no backward pass, and torch would refuse the DLPack export with a less helpful error."""
+    if framework_of(obj) == "torch" and getattr(obj, "requires_grad", False):
+        raise ValueError(f"{name} requires grad, but gqadrv kernels have no backward pass; pass {name}.detach() "
+                         "(inference) or compute gradients with another implementation")
+    return as_view(obj, name, stream=stream, cupy_ordered=True)
 
 
 def require_inner_contiguous(v: TensorView) -> None:
@@ -88,8 +105,7 @@ def require_output(v: TensorView, ref: TensorView, inputs: tuple, *, shape: tupl
         require_dtype(v, (), like=ref)
     elif v.dtype != dtype:
         raise TypeError(f"{v.name} must have dtype {dtype}, got {v.dtype}")
-    if v.size:  # a zero-size array has no memory to lay out (its strides may be anything)
-        require_contiguous(v)
+    require_contiguous_or_empty(v)
     require_same_device(v, ref)
     require_aligned(v, align)
     require_writable(v)
