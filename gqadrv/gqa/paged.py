@@ -80,22 +80,27 @@ def _tma_specs(problem: PagedProblem, tok: int) -> tuple[TmaSpec, TmaSpec] | Non
 
 
 def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
-    """Encoded K / V maps of the TMA route (cached by address and geometry), or None."""
+    """Encoded K / V maps of the TMA route, or None where TMA cannot describe the pools. Cached by
+    addresses and geometry (the answer "not describable" too), so a repeated call builds, validates
+    and encodes nothing."""
     if problem.table is None or problem.page_size < TMA_MIN_PAGE:
         return None
-    specs = _tma_specs(problem, _routes.tiling_for("paged_tma", problem.head_dim).tok)
-    if specs is None:
-        return None
-    key = (problem.device, specs)
+    tok = _routes.tiling_for("paged_tma", problem.head_dim).tok
+    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.head_dim,
+           problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride, problem.tok_stride,
+           problem.head_stride, tok)
     hit = _tmaps.get(key)
     if hit is None:
-        try:
-            with _drv.device_scope(problem.device):
-                hit = (encode_tiled(specs[0]), encode_tiled(specs[1]))
-        except (TensorMapError, _drv.CudaDriverError):
-            return None
-        _tmaps.put(key, hit)
-    return hit
+        specs = _tma_specs(problem, tok)
+        maps: tuple[bytes, bytes] | None = None
+        if specs is not None:
+            try:
+                with _drv.device_scope(problem.device):
+                    maps = (encode_tiled(specs[0]), encode_tiled(specs[1]))
+            except (TensorMapError, _drv.CudaDriverError):
+                maps = None
+        hit = _tmaps.put(key, (maps,))
+    return hit[0]
 
 
 def route(problem: PagedProblem, backend: str | None,

@@ -164,3 +164,35 @@ def test_det_exit_switch_compiles(monkeypatch):
         assert ("GQA_PAGED_DET_EXIT", 1) in v.switches
         r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
         assert r.spill_stores == 0 and r.stack_bytes == 0
+
+
+def test_tma_maps_are_cached_including_not_describable(monkeypatch):
+    """tma_maps encodes once per pool geometry and address (fake encoder), returns the two maps of the
+    K and V pools, and remembers a pool TMA cannot describe (pages < 16: no map) as well."""
+    import contextlib
+
+    calls = []
+    monkeypatch.setattr(paged, "encode_tiled", lambda spec: calls.append(spec) or bytes([len(calls)]) * 128)
+    monkeypatch.setattr(paged._drv, "device_scope", lambda dev: contextlib.nullcontext())
+    paged._tmaps.clear()
+    shape = (12, 16, 4, 128)
+    p = validate_paged(fake((2, 8, 128)), fake(shape), fake(shape), fake((2, 3), np.int32), fake((2,), np.int32),
+                       "NHD", None, None, 1.0, None, stream=None)
+    first = paged.tma_maps(p)
+    assert first is not None and len(calls) == 2 and first[0] != first[1]
+    assert calls[0].address == p.k_ptr and calls[1].address == p.v_ptr
+    assert paged.tma_maps(p) == first and len(calls) == 2          # cached: nothing encoded again
+    small = (12, 8, 4, 128)
+    p8 = validate_paged(fake((2, 8, 128)), fake(small), fake(small), fake((2, 3), np.int32), fake((2,), np.int32),
+                        "NHD", None, None, 1.0, None, stream=None)
+    assert paged.tma_maps(p8) is None and len(calls) == 2         # pages < 16: the cp.async route
+
+    def refuse(spec):
+        calls.append(spec)
+        raise paged.TensorMapError("not describable")
+
+    monkeypatch.setattr(paged, "encode_tiled", refuse)
+    other = validate_paged(fake((2, 8, 128)), fake(shape), fake(shape), fake((2, 3), np.int32),
+                           fake((2,), np.int32), "HND", None, None, 1.0, None, stream=None)
+    assert paged.tma_maps(other) is None and len(calls) == 3
+    assert paged.tma_maps(other) is None and len(calls) == 3       # the refusal is remembered
