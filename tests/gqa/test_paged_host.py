@@ -192,7 +192,8 @@ def test_tma_maps_are_cached_including_not_describable(monkeypatch):
         raise paged.TensorMapError("not describable")
 
     monkeypatch.setattr(paged, "encode_tiled", refuse)
-    other = validate_paged(fake((2, 8, 128)), fake(shape), fake(shape), fake((2, 3), np.int32),
+    hnd = (12, 4, 16, 128)
+    other = validate_paged(fake((2, 8, 128)), fake(hnd), fake(hnd), fake((2, 3), np.int32),
                            fake((2,), np.int32), "HND", None, None, 1.0, None, stream=None)
     assert paged.tma_maps(other) is None and len(calls) == 3
     assert paged.tma_maps(other) is None and len(calls) == 3       # the refusal is remembered
