@@ -164,10 +164,11 @@ def test_compile_sm86_warms_exactly_what_the_runtime_loads_there(sm86):
                         assert m.from_cache, f"{v.name} for sm_86 was not warmed"
                         routed.add(m.key)
                 for rows in (4, 16, 64):  # the paged family (cp.async: the only paged route off sm_90)
-                    v = routes.select_paged_variant(cc, d, dtype, rows)
-                    m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
-                    assert m.from_cache, f"{v.name} for sm_86 was not warmed"
-                    routed.add(m.key)
+                    for kv8 in (False, True):  # fp16 / bf16 caches and e4m3 caches
+                        v = routes.select_paged_variant(cc, d, dtype, rows, kv8=kv8)
+                        m = compile_module(v.family.source, arch_for_cc(cc), v.defines, cache=cache)
+                        assert m.from_cache, f"{v.name} for sm_86 was not warmed"
+                        routed.add(m.key)
     from gqadrv.gqa import merge  # the LSE state merge: one module per dtype and load batch
 
     for dtype in merge.SUPPORTED_DTYPES:

@@ -27,6 +27,7 @@ from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
 from . import plan as _plan
 from . import routes as _routes
+from .kv_dtype import fp8_args_given, kv_is_8bit
 
 __all__ = ["PreparedGqaDecode", "gqa_decode", "prepare_gqa_decode"]
 
@@ -154,21 +155,25 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
 def gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
-               deterministic: bool = False) -> ArrayT: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+               v_scale: Any = None) -> ArrayT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT, q_scale: float = 1.0,
                sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
-               deterministic: bool = False) -> OutT: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+               v_scale: Any = None) -> OutT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
-               deterministic: bool = False) -> tuple[Any, Any]: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+               v_scale: Any = None) -> tuple[Any, Any]: ...
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
-               deterministic: bool = False) -> Any:
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+               v_scale: Any = None) -> Any:
     """GQA decode from a contiguous cache.
 
     q [B, Hq, D] (one query token) or [B, s_q, Hq, D] (s_q 1..16: query token j sees keys
@@ -188,22 +193,34 @@ def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *
     comes from. Lengths are clamped on the device to [0, C]; an empty request yields zeros.
     ``backend``: None/'auto', 'hopper', 'tcgen05' or 'portable' (also GQADRV_BACKEND).
     Repeated one-token calls with the same layout (new tensors allowed) re-use the first call's plan;
-    4-D q, LSE and deterministic calls take the paged family's route (gqadrv.gqa.paged).
+    4-D q, LSE, deterministic and FP8 calls take the paged family's route (gqadrv.gqa.paged).
+    FP8 cache: kv float8_e4m3fn, or uint8 / int8 e4m3 codes with ``kv_dtype='e4m3'``; ``k_scale`` /
+    ``v_scale`` None, a number or a float32 device array () / (1,) / (Hkv,) (gqadrv.gqa.kv_dtype).
     """
-    if lse is not None or return_lse is not False or deterministic is not False or getattr(q, "ndim", 3) == 4:
-        from . import paged as _paged
-
-        return _paged.contiguous_decode(q, kv, sequence_lengths, out=out, lse=lse, return_lse=return_lse,
-                                        deterministic=deterministic, q_scale=q_scale, sm_scale=sm_scale,
-                                        stream=stream, backend=backend)
+    if (lse is not None or return_lse is not False or deterministic is not False or getattr(q, "ndim", 3) == 4
+            or fp8_args_given(kv_dtype, k_scale, v_scale)):
+        return _paged_contiguous(q, kv, sequence_lengths, out, lse, return_lse, deterministic, q_scale, sm_scale,
+                                 stream, backend, kv_dtype, k_scale, v_scale)
     facts = _call_facts(q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
     if facts is not None:
-        e = _layouts.get(facts[0])
+        e = _layouts.get(facts[0])  # (a layout key includes the dtypes: an FP8 cache never hits)
         if e is not None:
             r = _launch_layout(e, facts, q, kv, sequence_lengths, out)
             if r is not _MISS:
                 return r
+    if kv_is_8bit(kv):
+        return _paged_contiguous(q, kv, sequence_lengths, out, lse, return_lse, deterministic, q_scale, sm_scale,
+                                 stream, backend, kv_dtype, k_scale, v_scale)
     return _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
+
+
+def _paged_contiguous(q, kv, lengths, out, lse, return_lse, deterministic, q_scale, sm_scale, stream, backend,
+                      kv_dtype, k_scale, v_scale):
+    from . import paged as _paged
+
+    return _paged.contiguous_decode(q, kv, lengths, out=out, lse=lse, return_lse=return_lse,
+                                    deterministic=deterministic, q_scale=q_scale, sm_scale=sm_scale, stream=stream,
+                                    backend=backend, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
 
 
 def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend):
@@ -295,25 +312,29 @@ def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale, sm_scale
 def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray | None = None,
-                       deterministic: bool = False) -> PreparedGqaDecode[Any]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+                       v_scale: Any = None) -> PreparedGqaDecode[Any]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: OutT,
                        sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: None = None,
-                       deterministic: bool = False) -> PreparedGqaDecode[OutT]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+                       v_scale: Any = None) -> PreparedGqaDecode[OutT]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: DLPackArray,
                        sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray,
-                       deterministic: bool = False) -> PreparedGqaDecode[tuple[Any, Any]]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+                       v_scale: Any = None) -> PreparedGqaDecode[tuple[Any, Any]]: ...
 def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray | None = None,
                        KV: DLPackArray | None = None, O: DLPackArray | None = None,
                        sequence_lengths: DLPackArray | None = None, q_scale: float | None = None,
                        sm_scale: float | None = None, num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray | None = None,
-                       deterministic: bool = False) -> PreparedGqaDecode[Any]:
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
+                       v_scale: Any = None) -> PreparedGqaDecode[Any]:
     """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
 
     ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale" or
@@ -323,7 +344,8 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
     an int in [1, 64]. Call outside CUDA-graph capture; ``launch_prepared`` may then be captured and
     replayed. A 4-D Q [B, s_q, Hq, D], an ``LSE`` output (fp32 [B, Hq] / [B, s_q, Hq]; then
     ``launch_prepared`` returns (O, LSE)) or ``deterministic=True`` prepare the paged family's
-    kernel on the contiguous cache (gqadrv.gqa.paged; ``PreparedGqaPagedDecode``).
+    kernel on the contiguous cache (gqadrv.gqa.paged; ``PreparedGqaPagedDecode``), as does an FP8
+    cache (``kv_dtype``, ``k_scale``, ``v_scale`` as in ``gqa_decode``).
     """
     if inputs is not None:
         Q, KV, O, sequence_lengths, q_scale, sm_scale = _inputs_from_dict(inputs, Q, KV, O, sequence_lengths, q_scale,
@@ -339,9 +361,10 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
         raise ValueError("O (the output tensor) is required by the prepared API")
     _routes.check_backend(backend)
     splits_req = _contract.check_num_splits(num_splits)
-    if LSE is not None or deterministic is not False or getattr(Q, "ndim", 3) == 4:
+    if (LSE is not None or deterministic is not False or getattr(Q, "ndim", 3) == 4
+            or fp8_args_given(kv_dtype, k_scale, v_scale) or kv_is_8bit(KV)):
         return _prepare_contiguous_paged(Q, KV, O, sequence_lengths, LSE, q_scale, sm_scale, deterministic,
-                                         splits_req, stream, backend)
+                                         splits_req, stream, backend, (kv_dtype, k_scale, v_scale))
     s, dl_stream = prepare_streams(Q, (Q, KV, sequence_lengths, O), stream, "prepare_gqa_decode")
     problem = _contract.validate(Q, KV, sequence_lengths, O, q_scale, stream=dl_stream,
                                  names=("Q", "KV", "sequence_lengths", "O"), sm_scale=sm_scale)
@@ -377,14 +400,17 @@ def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray |
     )
 
 
-def _prepare_contiguous_paged(Q, KV, O, lengths, LSE, q_scale, sm_scale, deterministic, splits_req, stream, backend):
+def _prepare_contiguous_paged(Q, KV, O, lengths, LSE, q_scale, sm_scale, deterministic, splits_req, stream, backend,
+                              fp8=(None, None, None)):
     from . import paged as _paged
 
+    kv_dtype, k_scale, v_scale = fp8
     _paged._check_flags(False, deterministic)
     b = _routes.check_backend(backend)
-    s, dl_stream = prepare_streams(Q, (Q, KV, lengths, O, LSE), stream, "prepare_gqa_decode")
+    s, dl_stream = prepare_streams(Q, (Q, KV, lengths, O, LSE, k_scale, v_scale), stream, "prepare_gqa_decode")
     problem = _paged.contiguous_problem(Q, KV, lengths, O, LSE, q_scale, sm_scale, stream=dl_stream,
-                                        names=("Q", "KV", "sequence_lengths", "O", "LSE"))
+                                        names=("Q", "KV", "sequence_lengths", "O", "LSE"), kv_dtype=kv_dtype,
+                                        k_scale=k_scale, v_scale=v_scale)
     result = O if LSE is None else (O, LSE)
     return _paged.prepare_problem(problem, (Q, KV, O, lengths, LSE), result, deterministic=deterministic,
                                   splits_req=splits_req, backend=b, s=s)

@@ -105,9 +105,11 @@ _require_contiguous = _oc.require_contiguous
 _INT32_POSITIONS = 2**31 - 1 - 64  # largest capacity the kernels' int32 token positions allow
 
 
-def check_contiguous_kv(kv: Any, name: str, qv: TensorView, B: int, D: int, stream: int | None) -> TensorView:
+def check_contiguous_kv(kv: Any, name: str, qv: TensorView, B: int, D: int, stream: int | None,
+                        check_dtype: bool = True) -> TensorView:
     """The contiguous cache [B, 2, Hkv, C, D] of ``gqa_decode`` (shared with the paged family's
-    ``contiguous_problem``): shape against q's batch and head dim, dtype of q, contiguity, device."""
+    ``contiguous_problem``): shape against q's batch and head dim, dtype of q (unless
+    ``check_dtype`` is False: the caller checks it, e.g. for e4m3 caches), contiguity, device."""
     kvv = as_view(kv, name, stream=stream, cupy_ordered=True)
     if kvv.ndim != 5:
         raise ValueError(f"{name} must have shape [batch, 2, num_kv_heads, capacity, head_dim], got {_shape(kvv)}")
@@ -124,7 +126,8 @@ def check_contiguous_kv(kv: Any, name: str, qv: TensorView, B: int, D: int, stre
         raise ValueError(f"kv capacity {C} is more than the kernels' int32 token positions allow")
     if Dkv != D:
         raise ValueError(f"{name} head_dim {Dkv} does not match {qv.name} head_dim {D}")
-    _oc.require_dtype(kvv, SUPPORTED_DTYPES, like=qv)
+    if check_dtype:
+        _oc.require_dtype(kvv, SUPPORTED_DTYPES, like=qv)
     _oc.require_contiguous(kvv)
     _oc.require_same_device(kvv, qv)
     return kvv

@@ -63,13 +63,15 @@ def _tma_specs(problem: PagedProblem, tok: int) -> tuple[TmaSpec, TmaSpec] | Non
     bt = min(tok, page)
     es = problem.k.itemsize
     hs, ts, ps = problem.head_stride * es, problem.tok_stride * es, problem.page_stride * es
+    inner = 128 // es  # elements per 128-byte box row (fp16 / bf16: 64, e4m3: 128)
     if problem.layout == "NHD":
-        dims, strides, box = (D, Hkv, page, P), (hs, ts, ps), (64, 1, bt, 1)
+        dims, strides, box = (D, Hkv, page, P), (hs, ts, ps), (inner, 1, bt, 1)
     else:
-        dims, strides, box = (D, page, Hkv, P), (ts, hs, ps), (64, bt, 1, 1)
+        dims, strides, box = (D, page, Hkv, P), (ts, hs, ps), (inner, bt, 1, 1)
     # strides of size-1 dimensions are never used: give them a legal value
     strides = tuple(s if d > 1 else max(16, s - s % 16) for s, d in zip(strides, dims[1:]))
-    specs = tuple(TmaSpec(dtype=problem.dtype, address=a, dims=dims, strides=strides, box=box, swizzle="128b")
+    dtype = "uint8" if problem.kv8 else problem.dtype
+    specs = tuple(TmaSpec(dtype=dtype, address=a, dims=dims, strides=strides, box=box, swizzle="128b")
                   for a in (problem.k_ptr, problem.v_ptr))
     try:
         for sp in specs:
@@ -85,10 +87,12 @@ def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
     and encodes nothing."""
     if problem.table is None or problem.page_size < TMA_MIN_PAGE:
         return None
-    tok = _routes.tiling_for("paged_tma", problem.head_dim).tok
-    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.head_dim,
-           problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride, problem.tok_stride,
-           problem.head_stride, tok)
+    if problem.kv8 and problem.head_dim < _routes.E4M3_TMA_MIN_HEAD_DIM:
+        return None
+    tok = _routes.tiling_for("paged_tma", problem.head_dim, problem.kv8).tok
+    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.kv8,
+           problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride,
+           problem.tok_stride, problem.head_stride, tok)
     hit = _tmaps.get(key)
     if hit is None:
         specs = _tma_specs(problem, tok)
@@ -116,15 +120,16 @@ def route(problem: PagedProblem, backend: str | None,
         # the large-batch rule of the contiguous routes (routes.prefers_portable): from two waves
         # of CTAs on, the cp.async kernel streams a cold cache faster (docs/RESULTS.md, paged table)
         units = problem.batch * problem.num_kv_heads * -(-problem.rows // _routes.rows_for_group(problem.rows))
-        if forced == "hopper" or deterministic or not _routes.prefers_portable(info.cc, problem.head_dim, units,
-                                                                                info.sm_count):
+        # (e4m3 caches: the TMA kernel is as fast or faster at every batch, docs/RESULTS.md, FP8 tilings)
+        if forced == "hopper" or deterministic or problem.kv8 or not _routes.prefers_portable(
+                info.cc, problem.head_dim, units, info.sm_count):
             maps = tma_maps(problem)
-    key = (problem.device, problem.head_dim, problem.dtype, problem.rows > 8, backend, maps is not None,
+    key = (problem.device, problem.head_dim, problem.dtype, problem.kv8, problem.rows > 8, backend, maps is not None,
            _routes.tuning_env())
     hit = _routes_cache.get(key)
     if hit is None:
         v = _routes.select_paged_variant(info.cc, problem.head_dim, problem.dtype, problem.rows, backend,
-                                         tma_ok=maps is not None)
+                                         tma_ok=maps is not None, kv8=problem.kv8)
         hit = _routes_cache.put(key, (v, _kernels.load(v, problem.device)))
     return hit[0], hit[1], maps
 
@@ -189,6 +194,9 @@ def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int
         "page_shift": problem.page_size.bit_length() - 1 if paged else 0,
         "num_pages": problem.num_pages, "table_stride": problem.table_stride, "capacity": problem.capacity,
         "num_splits": splits, "split_subs": split_subs, "flags": _flags(problem),
+        "k_scale": problem.scales.k_ptr, "v_scale": problem.scales.v_ptr,
+        "k_scale_value": problem.scales.k_value, "v_scale_value": problem.scales.v_value,
+        "k_scale_stride": problem.scales.k_stride, "v_scale_stride": problem.scales.v_stride,
     }
 
 
@@ -249,24 +257,28 @@ def gqa_decode_paged(q: ArrayT, k_cache: DLPackArray, v_cache: DLPackArray | Non
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: None = None, lse: None = None,
                      return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
                      deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
-                     backend: Backend | None = None) -> ArrayT: ...
+                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
+                     v_scale: Any = None) -> ArrayT: ...
 @overload
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: OutT, lse: None = None,
                      return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
                      deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
-                     backend: Backend | None = None) -> OutT: ...
+                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
+                     v_scale: Any = None) -> OutT: ...
 @overload
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
                      lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
                      sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
-                     stream: StreamLike | None = None, backend: Backend | None = None) -> tuple[Any, Any]: ...
+                     stream: StreamLike | None = None, backend: Backend | None = None, kv_dtype: str | None = None,
+                     k_scale: Any = None, v_scale: Any = None) -> tuple[Any, Any]: ...
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
                      lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
                      sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
-                     stream: StreamLike | None = None, backend: Backend | None = None) -> Any:
+                     stream: StreamLike | None = None, backend: Backend | None = None, kv_dtype: str | None = None,
+                     k_scale: Any = None, v_scale: Any = None) -> Any:
     """GQA decode from a paged KV cache.
 
     q [B, Hq, D] or [B, s_q, Hq, D] (s_q 1..16; query token j sees keys [0, L - (s_q - 1 - j)),
@@ -284,25 +296,33 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
     ``deterministic=True``: batch-invariant, run-to-run identical results (module docstring).
     ``num_splits``: None (heuristic) or 1..64. Asynchronous on ``stream`` (default: the current
     stream of q's framework); outputs come back in q's framework.
+    FP8 caches: K / V as float8_e4m3fn arrays, or uint8 / int8 e4m3 codes with ``kv_dtype='e4m3'``
+    (``quantize_kv_fp8`` makes them); ``k_scale`` / ``v_scale``: None (1.0), a number, or a float32
+    device array () / (1,) per tensor or (Hkv,) per KV head; element = float(code) * scale
+    (gqadrv.gqa.kv_dtype). Output and LSE as for fp16 caches (q's dtype).
     """
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     splits_req = check_num_splits(num_splits)
-    s, dl_stream = launch_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream)
+    s, dl_stream = launch_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale),
+                                  stream)
     problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse, q_scale, sm_scale,
-                             stream=dl_stream)
+                             stream=dl_stream, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
     return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, splits_req, b, out, lse)
 
 
 def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, return_lse: bool, deterministic: bool,
-                      q_scale: Any, sm_scale: Any, stream: Any, backend: Any) -> Any:
-    """gqa_decode for a 4-D q, an LSE output or deterministic=True (contiguous cache as pages)."""
+                      q_scale: Any, sm_scale: Any, stream: Any, backend: Any, kv_dtype: Any = None,
+                      k_scale: Any = None, v_scale: Any = None) -> Any:
+    """gqa_decode for a 4-D q, an LSE output, deterministic=True or an FP8 cache (contiguous cache
+    as pages)."""
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
-    s, dl_stream = launch_streams(q, (q, kv, lengths, out, lse), stream)
-    problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream)
+    s, dl_stream = launch_streams(q, (q, kv, lengths, out, lse, k_scale, v_scale), stream)
+    problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream, kv_dtype=kv_dtype,
+                                 k_scale=k_scale, v_scale=v_scale)
     return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, None, b, out, lse)
 
 
@@ -343,7 +363,7 @@ def prepare_problem(problem: PagedProblem, keep: tuple, result: Any, *, determin
         # the workspace counters and the status must be zero before the first launch on any stream
         _drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize(prepare)")
     return PreparedGqaPagedDecode(
-        device=problem.device, _plans=(plan,), _out=result, _keep=keep + (ws, status), _status=status,
+        device=problem.device, _plans=(plan,), _out=result, _keep=keep + problem.scales.views + (ws, status), _status=status,
         _status_names=STATUS_NAMES, route=variant.name, num_splits=splits, grid=grid, block=block, dynamic_smem=smem,
         workspace_bytes=ws.nbytes if ws else 0, arch=loaded.arch, batch=problem.batch, capacity=problem.capacity,
     )
@@ -354,22 +374,24 @@ def prepare_gqa_decode_paged(*, q: DLPackArray, k_cache: DLPackArray, block_tabl
                              lse: DLPackArray | None = None, kv_layout: str = "NHD", q_scale: float | None = None,
                              sm_scale: float | None = None, deterministic: bool = False,
                              num_splits: int | None = None, stream: StreamLike | None = None,
-                             backend: Backend | None = None) -> PreparedGqaPagedDecode:
+                             backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
+                             v_scale: Any = None) -> PreparedGqaPagedDecode:
     """Validate, route, compile, allocate and pack a paged decode once (arguments as in
     ``gqa_decode_paged``; ``out`` is required, ``lse`` optional). ``launch_prepared(p)`` then
-    launches it with no host work (graph-capturable); it reads ``seq_lens`` and ``block_table``
-    on the device at every launch, so in-place updates between graph replays are honoured. Call
-    outside CUDA-graph capture."""
+    launches it with no host work (graph-capturable); it reads ``seq_lens``, ``block_table`` and
+    device ``k_scale`` / ``v_scale`` on the device at every launch, so in-place updates between
+    graph replays are honoured. Call outside CUDA-graph capture."""
     _check_flags(False, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     splits_req = check_num_splits(num_splits)
     if out is None:
         raise ValueError("out (the output tensor) is required by the prepared API")
-    s, dl_stream = prepare_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse), stream,
-                                   "prepare_gqa_decode_paged")
+    s, dl_stream = prepare_streams(q, (q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale),
+                                   stream, "prepare_gqa_decode_paged")
     problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse,
-                             1.0 if q_scale is None else q_scale, sm_scale, stream=dl_stream)
+                             1.0 if q_scale is None else q_scale, sm_scale, stream=dl_stream, kv_dtype=kv_dtype,
+                             k_scale=k_scale, v_scale=v_scale)
     result = out if lse is None else (out, lse)
     return prepare_problem(problem, (q, k_cache, v_cache, block_table, seq_lens, out, lse), result,
                            deterministic=deterministic, splits_req=splits_req, backend=b, s=s)

@@ -37,6 +37,12 @@ GQA_PAGED_ARGS = NamedStruct(
     ("num_splits", "i"),
     ("split_subs", "i"),
     ("flags", "i"),
+    ("k_scale", "Q"),        # const float* or null (e4m3 caches)
+    ("v_scale", "Q"),
+    ("k_scale_value", "f"),
+    ("v_scale_value", "f"),
+    ("k_scale_stride", "i"),  # 0: per tensor, 1: per KV head
+    ("v_scale_stride", "i"),
 )
 
 GQA_PAGED_FLAG_HND = 4  # TMA maps in HND order (D, page, Hkv, pages)

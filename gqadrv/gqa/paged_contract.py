@@ -12,6 +12,9 @@ table (``contiguous_problem``).
 
 Queries: q [B, Hq, D] (one token) or [B, s_q, Hq, D] with s_q in 1..16; query token j sees keys
 [0, L - (s_q - 1 - j)) (bottom-right causal). lse: fp32 [B, Hq] / [B, s_q, Hq].
+
+Cache element type: q's dtype, or float8 e4m3fn codes with their K / V scales (gqa/kv_dtype.py);
+strides are multiples of 16 bytes either way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..ops import contract as _oc
 from ..runtime.tensors import TensorView, as_view
 from .contract import (MAX_GROUP, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_contiguous_kv, check_q_scale,
                        check_scale_pair, check_sm_scale)
+from .kv_dtype import KvScales, check_kv_dtype, check_kv_scales
 
 __all__ = ["KV_LAYOUTS", "MAX_PAGE_SIZE", "MAX_S_Q", "PagedProblem", "contiguous_problem", "validate_paged"]
 
@@ -65,6 +69,8 @@ class PagedProblem:
     q_4d: bool              # q was given as [B, s_q, Hq, D]
     q_scale: float
     sm_scale: float
+    kv8: bool = False       # the caches hold e4m3 codes (gqa/kv_dtype.py)
+    scales: KvScales = KvScales()
 
     @property
     def rows(self) -> int:
@@ -80,7 +86,7 @@ class PagedProblem:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * 2
+        return 2 * self.num_kv_heads * self.head_dim * self.k.itemsize
 
 
 def _check_q(q: Any, name: str, stream: int | None) -> tuple[TensorView, int, int, int, int, bool]:
@@ -118,9 +124,10 @@ def _check_group(Hq: int, Hkv: int) -> int:
 
 
 def _check_strides16(v: TensorView, dims: tuple[int, ...]) -> None:
-    bad = [v.strides[d] for d in dims if v.shape[d] > 1 and v.strides[d] % 8]
+    n = max(1, 16 // v.itemsize)  # elements per 16 bytes
+    bad = [v.strides[d] for d in dims if v.shape[d] > 1 and v.strides[d] % n]
     if bad or v.strides[-1] != 1:
-        raise ValueError(f"{v.name} must have a contiguous head dimension and strides that are multiples of 8 "
+        raise ValueError(f"{v.name} must have a contiguous head dimension and strides that are multiples of {n} "
                          f"elements (16 bytes); got strides {v.strides} (elements) for shape {_shape(v)}")
     if any(v.strides[d] < 0 for d in dims):
         raise ValueError(f"{v.name} must not have negative strides, got {v.strides}")
@@ -163,7 +170,8 @@ def _check_lengths(lengths: Any, name: str, B: int, qv: TensorView, stream: int 
 
 def validate_paged(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, kv_layout: Any, out: Any,
                    lse: Any, q_scale: Any, sm_scale: Any, *, stream: int | None,
-                   names=("q", "k_cache", "v_cache", "block_table", "seq_lens", "out", "lse")) -> PagedProblem:
+                   names=("q", "k_cache", "v_cache", "block_table", "seq_lens", "out", "lse"),
+                   kv_dtype: Any = None, k_scale: Any = None, v_scale: Any = None) -> PagedProblem:
     """Check every host-visible rule of a paged decode and return the problem description."""
     nq, nk, nv, nt, nl, nout, nlse = names
     if not isinstance(kv_layout, str) or kv_layout.upper() not in KV_LAYOUTS:
@@ -197,7 +205,7 @@ def validate_paged(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_len
     if page < 1 or page > MAX_PAGE_SIZE or page & (page - 1):
         raise ValueError(f"page_size must be a power of two in 1..{MAX_PAGE_SIZE} (e.g. 1, 16, 64, 256), got {page} "
                          f"({nk} shape {_shape(kv)})")
-    _oc.require_dtype(kv, SUPPORTED_DTYPES, like=qv)
+    kv8 = check_kv_dtype(kv, qv, kv_dtype)
     _oc.require_same_device(kv, qv)
     _oc.require_aligned(kv)
     nd = kv.ndim
@@ -219,7 +227,8 @@ def validate_paged(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_len
             raise ValueError(f"{nv} must have the shape of {nk} {_shape(kv)}, got {_shape(vv)}")
         if vv.strides != kv.strides:
             raise ValueError(f"{nv} must have the strides of {nk} {kv.strides}, got {vv.strides} (elements)")
-        _oc.require_dtype(vv, SUPPORTED_DTYPES, like=qv)
+        if vv.dtype != kv.dtype:
+            raise TypeError(f"{nv} must have the dtype of {nk} ({kv.dtype}), got {vv.dtype}")
         _oc.require_same_device(vv, qv)
         _oc.require_aligned(vv)
         v_ptr = vv.ptr
@@ -250,18 +259,21 @@ def validate_paged(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_len
         if x is not None:
             _oc.require_no_grad(x)
     scale, sm = _scales(q_scale, sm_scale, D)
+    scales = check_kv_scales(k_scale, v_scale, kv8, Hkv, qv, stream)
     return PagedProblem(B, s_q, Hq, Hkv, group, D, qv.dtype, qv.device, page, P, max_pages, capacity, layout,
                         qv, kv, vv, tv, lv, ov, lsev, k_ptr, v_ptr, page_stride, tok_stride, head_stride, table_stride,
-                        q4, scale, sm)
+                        q4, scale, sm, kv8, scales)
 
 
 def contiguous_problem(q: Any, kv: Any, lengths: Any, out: Any, lse: Any, q_scale: Any, sm_scale: Any, *,
-                       stream: int | None, names=("q", "kv", "sequence_lengths", "out", "lse")) -> PagedProblem:
+                       stream: int | None, names=("q", "kv", "sequence_lengths", "out", "lse"),
+                       kv_dtype: Any = None, k_scale: Any = None, v_scale: Any = None) -> PagedProblem:
     """The contiguous cache kv [B, 2, Hkv, C, D] of gqa_decode as a paged problem: request b is page
     b of C tokens (HND, no table)."""
     nq, nkv, nl, nout, nlse = names
     qv, B, s_q, Hq, D, q4 = _check_q(q, nq, stream)
-    kvv = check_contiguous_kv(kv, nkv, qv, B, D, stream)
+    kvv = check_contiguous_kv(kv, nkv, qv, B, D, stream, check_dtype=False)
+    kv8 = check_kv_dtype(kvv, qv, kv_dtype)
     Hkv, C = kvv.shape[2], kvv.shape[3]
     _oc.require_aligned(kvv)
     group = _check_group(Hq, Hkv)
@@ -270,7 +282,8 @@ def contiguous_problem(q: Any, kv: Any, lengths: Any, out: Any, lse: Any, q_scal
     for x in (qv, kvv):
         _oc.require_no_grad(x)
     scale, sm = _scales(q_scale, sm_scale, D)
+    scales = check_kv_scales(k_scale, v_scale, kv8, Hkv, qv, stream)
     plane = C * D
     return PagedProblem(B, s_q, Hq, Hkv, group, D, qv.dtype, qv.device, C, B, 1, C, "contiguous",
                         qv, kvv, None, None, lv, ov, lsev, kvv.ptr, kvv.ptr + Hkv * plane * kvv.itemsize,
-                        2 * Hkv * plane, D, plane, 0, q4, scale, sm)
+                        2 * Hkv * plane, D, plane, 0, q4, scale, sm, kv8, scales)

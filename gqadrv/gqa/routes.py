@@ -75,12 +75,12 @@ FAMILIES: dict[str, Family] = {
     # paged / contiguous caches with multi-token queries, LSE and the batch-invariant split mode
     # (gqa/paged.py); cp.async, so one source serves every architecture
     "paged": Family("paged", "gqa/sm80/decode_paged.cu", "gqa_decode_paged", _ALL, SIG_PAGED,
-                    _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant"}, uses_tma=False, splittable=True,
+                    _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant", "fp8_e4m3_kv"}, uses_tma=False, splittable=True,
                     ring=True),
     # the same with TMA boxes of whole pages (page size >= 16) on Hopper
     "paged_tma": Family("paged_tma", "gqa/sm90/decode_paged_tma.cu", "gqa_decode_paged_tma",
                         ("sm_90a", "sm_100a", "sm_110a"), SIG_PAGED_TMA,
-                        _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant"}, uses_tma=True,
+                        _SPLIT | {"paged_kv", "multi_token", "lse", "batch_invariant", "fp8_e4m3_kv"}, uses_tma=True,
                         splittable=True, ring=True),
     # tcgen05 + TMEM kernels for B200 / Thor: compile-verified only (no such GPU here)
     "tc_short": Family("tc_short", _tc.TC_SOURCE["tc_short"], _tc.TC_ENTRY["tc_short"], ("sm_100a", "sm_110a"),
@@ -99,7 +99,8 @@ BACKEND_FAMILIES = {
 # Environment variables that change routing, compiled switches or launch flags (tuning and
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
-              "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT")
+              "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_OC2",
+              "GQADRV_PAGED_MIN_CTAS", "GQADRV_KV8_CVT")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -148,9 +149,23 @@ _TILINGS = {
     ("paged_tma", 128): Tiling(8, 32, 1),
     ("paged_tma", 256): Tiling(4, 16, 2),
 }
+# e4m3 caches (one byte per element): the rings keep about the fp16 bytes in flight with twice the
+# tokens per slot or twice the slots (the cp.async kernel takes 16 or 32 tokens per sub-tile)
+# H200, Hq 32 / Hkv 8 / D 128, page 16 (hot TB/s of e4m3 bytes, 2026-12-01 tuning sweep): TMA 8x32x3
+# B64 L4K 4.12, B128 L8K 4.35, B256 L2K 4.18 vs 8x32x2 4.05 / 4.33 / 4.02 and cp.async 4x32x3 4.08 /
+# 4.31 / 3.37; 8x16x4 and 8x64x1 slower
+_TILINGS_E4M3 = {
+    ("paged", 64): Tiling(4, 32, 3),
+    ("paged", 128): Tiling(4, 32, 3),
+    ("paged", 256): Tiling(4, 16, 2),
+    ("paged_tma", 128): Tiling(8, 32, 3),
+    ("paged_tma", 256): Tiling(4, 16, 4),
+}
+E4M3_FAMILIES = ("paged", "paged_tma")  # the kernels built with GQA_KV8 (kernels/gqa/common/warp.cuh)
+E4M3_TMA_MIN_HEAD_DIM = 128             # 64-byte e4m3 rows take the cp.async route
 
 
-def tiling_for(family: str, head_dim: int) -> Tiling:
+def tiling_for(family: str, head_dim: int, kv8: bool = False) -> Tiling:
     if FAMILIES[family].tcgen05:
         threads, tok, stages = _tc.TC_TILINGS[(family, head_dim)]
         return Tiling(threads // 32, tok, stages)
@@ -164,7 +179,7 @@ def tiling_for(family: str, head_dim: int) -> Tiling:
     if env:
         w, t, s = (int(x) for x in env.split(","))
         return Tiling(w, t, s)
-    return _TILINGS[(family, head_dim)]
+    return _TILINGS_E4M3[(family, head_dim)] if kv8 else _TILINGS[(family, head_dim)]
 
 
 # Compile-time switches of the TMA family (kernels/gqa/sm90/decode_tma.cu); the environment
@@ -184,6 +199,15 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
         # development only: idle batch-invariant splits leave before the ticket (paged_args.cuh);
         # compiled and checked on the CPU, not yet run on a GPU
         sw.append(("GQA_PAGED_DET_EXIT", 1))
+    if family in E4M3_FAMILIES and os.environ.get("GQADRV_PAGED_MIN_CTAS", ""):
+        # development only: a register cap for N resident CTAs per SM (__launch_bounds__)
+        sw.append(("GQA_PAGED_MIN_CTAS", int(os.environ["GQADRV_PAGED_MIN_CTAS"])))
+    if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_CVT", ""):
+        # development only: the e4m3 -> fp16 conversion of the KV8 decoders (warp.cuh, GQA_KV8_CVT)
+        sw.append(("GQA_KV8_CVT", int(os.environ["GQADRV_KV8_CVT"])))
+    if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_OC2", "") == "1":
+        # development only: two accumulator floats per n-tile in the 8-row e4m3 decoders (warp.cuh)
+        sw.append(("GQA_KV8_OC2", 1))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)
@@ -197,13 +221,16 @@ class Variant:
     rows: int
     tiling: Tiling
     switches: tuple[tuple[str, int], ...] = ()
+    kv8: bool = False   # e4m3 caches (GQA_KV8; E4M3_FAMILIES only)
 
     @property
     def name(self) -> str:
         t = self.tiling
         extra = "".join(f"_{m.lower().replace('gqa_', '')}{v}" for m, v in self.switches
                         if v != _TMA_SWITCHES.get(m, ("", 0))[1])
-        return f"{self.family.name}_{self.dtype}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}{extra}"
+        kv = "_kve4m3" if self.kv8 else ""
+        return (f"{self.family.name}_{self.dtype}{kv}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}"
+                f"{extra}")
 
     @property
     def defines(self) -> dict:
@@ -214,6 +241,8 @@ class Variant:
             return d
         d = {"GQA_DT": _DT_CODE[self.dtype], "GQA_D": self.head_dim, "GQA_ROWS": self.rows,
              "GQA_WARPS": t.warps, "GQA_TOK": t.tok, "GQA_STAGES": t.stages}
+        if self.kv8:
+            d["GQA_KV8"] = 1
         d.update(self.switches)
         return d
 
@@ -229,7 +258,9 @@ class Variant:
         merge = (t.warps * self.rows * 2 + t.warps * self.rows * (D + STATE_ROW_PAD)) * 4
         need = merge
         if self.family.ring:
-            need = max(need, t.warps * t.stages * 2 * D * t.tok * 2)
+            # K + V per slot: D * 2 bytes per row, e4m3: max(128, D) bytes (warp.cuh, KV_BYTES)
+            row = max(128, D) if self.kv8 else 2 * D
+            need = max(need, t.warps * t.stages * 2 * row * t.tok)
         return (need + 1023) // 1024 * 1024
 
 
@@ -326,7 +357,7 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
 
 
 def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: int,
-                         backend: str | None = None, tma_ok: bool = False) -> Variant:
+                         backend: str | None = None, tma_ok: bool = False, kv8: bool = False) -> Variant:
     """The paged / multi-token / LSE route: ``rows`` = s_q x group query rows of one KV head,
     packed into MMA row blocks of 8 (rows <= 8) or 16. Family "paged_tma" on sm_90 when the pools
     are TMA-describable with page size >= 16 (``tma_ok``, decided by gqa/paged.py), "paged"
@@ -335,7 +366,10 @@ def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: i
     _check_dtype_head_dim(dtype, head_dim)
     native, forced = _native_and_forced(cc, backend)
     fam = "paged_tma" if tma_ok and (forced or native) == "hopper" else "paged"
-    return Variant(FAMILIES[fam], dtype, head_dim, rows_for_group(rows), tiling_for(fam, head_dim), switches_for(fam))
+    if kv8 and fam == "paged_tma" and head_dim < E4M3_TMA_MIN_HEAD_DIM:
+        fam = "paged"
+    return Variant(FAMILIES[fam], dtype, head_dim, rows_for_group(rows), tiling_for(fam, head_dim, kv8),
+                   switches_for(fam), kv8)
 
 
 def variants_for_arch(arch: str) -> list[Variant]:
@@ -348,6 +382,9 @@ def variants_for_arch(arch: str) -> list[Variant]:
             for d in SUPPORTED_HEAD_DIMS:
                 for rows in (8, 16):
                     out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d), switches_for(fam.name)))
+                    if fam.name in E4M3_FAMILIES and (fam.name == "paged" or d >= E4M3_TMA_MIN_HEAD_DIM):
+                        out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d, True), switches_for(fam.name),
+                                           True))
     return out
 
 

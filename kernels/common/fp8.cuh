@@ -107,3 +107,24 @@ GQADRV_DEVICE u32 bf16x2_canonical(float lo, float hi) {
   if (hi != hi) r = (r & 0x0000ffffu) | 0x7fff0000u;
   return r;
 }
+
+// ---- e4m3 -> f16 for tensor-core operands (the FP8 KV decode kernels, kernels/gqa/common/warp.cuh)
+// Two codes of a register become one f16x2 holding code value * 2^-8, exactly: the e4m3 sign moves to
+// bit 15, the 7 exponent / mantissa bits to bits 7..13 of an f16 (f16 bias 15 vs e4m3 bias 7: the
+// factor 2^-8; e4m3 subnormals become f16 subnormals). Integer ops only (every arch, no cvt):
+//   odd:  codes of bytes 1 and 3 (lo, hi half)     2 ops
+//   even: codes of bytes 0 and 2                    3 ops
+// The NaN codes 0x7F / 0xFF read as +-480 * 2^-8 (finite): callers mask invalid positions themselves.
+GQADRV_DEVICE u32 e4m3x2_odd_to_f16x2_scaled(u32 x) { return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u); }
+GQADRV_DEVICE u32 e4m3x2_even_to_f16x2_scaled(u32 x) {
+  return ((x << 8) & 0x80008000u) | ((x << 7) & 0x3f803f80u);
+}
+
+#if GQADRV_FP8_HW
+// Four codes -> two f16x2, exactly (sm_89+: two cvt; NaN codes give NaN): lo = codes (0, 1), hi = (2, 3).
+GQADRV_DEVICE void e4m3x4_to_f16x2x2(u32 x, u32& lo, u32& hi) {
+  asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+}
+#endif

@@ -4,6 +4,13 @@
 //   * PagedSchedule: the (batch, KV head, row block, split) of a CTA and the sub-tiles of the
 //     device-side length it owns (paged_schedule).
 //
+// GQA_KV8 = 1: the pools hold float8_e4m3fn codes (one byte per element; k / v are then byte
+// pointers and the strides count bytes), dequantized in registers with the scales at the end of the
+// block (kernels/gqa/common/warp.cuh, KV8).
+#ifndef GQA_KV8
+#define GQA_KV8 0
+#endif
+//
 // Cache addressing: element (page, token in page, KV head, d) of the K (or V) pool is at
 //   k + page * page_stride + token * tok_stride + head * head_stride + d          (elements)
 // which covers NHD [pages, page, Hkv, D], HND [pages, Hkv, page, D], the combined [pages, 2, ...]
@@ -47,6 +54,14 @@ struct GqaPagedArgs {
   int split_subs;        // > 0: split s owns sub-tiles [s * split_subs, (s + 1) * split_subs) (batch-invariant
                          // mode, merged in split order); 0: sub-tiles of len balanced over the splits
   int flags;             // GQA_FLAG_L2_EVICT_FIRST (args.cuh), GQA_PAGED_FLAG_HND
+  // e4m3 caches (GQA_KV8 builds; ignored otherwise): K scale of KV head h = k_scale_value *
+  // (k_scale ? k_scale[h * k_scale_stride] : 1), the same for V (stride 0: one scale per tensor)
+  const float* k_scale;
+  const float* v_scale;
+  float k_scale_value;
+  float v_scale_value;
+  int k_scale_stride;
+  int v_scale_stride;
 };
 // The TMA kernel's tensor maps are HND-ordered (D, page, Hkv, pages) instead of NHD-ordered
 // (D, Hkv, page, pages): the box coordinates swap.

@@ -1,7 +1,8 @@
 // gqadrv — CTA pieces shared by the paged GQA kernels (sm80/decode_paged.cu, cp.async;
 // sm90/decode_paged_tma.cu, TMA):
 //   * paged_load_q: this lane's two query rows of the CTA's row block (row r = j * group + h of the
-//     request's s_q x group rows) into the WarpDecoder, with their causal shifts s_q - 1 - j,
+//     request's s_q x group rows) into the WarpDecoder, with their causal shifts s_q - 1 - j (e4m3
+//     caches: with the KV head's K / V scales),
 //   * paged_cta_tail: warp states -> merge area -> status words -> cta_epilogue_rows (output rows
 //     of [B, s_q, Hq, D], natural-log LSE, split partials and the ordered merge of the
 //     batch-invariant mode).
@@ -9,8 +10,8 @@
 #include "paged_args.cuh"
 #include "cta.cuh"
 
-template <int DT, int D, int ROWS, int TOK>
-GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const GqaPagedArgs& a,
+template <int DT, int D, int ROWS, int TOK, bool KV8>
+GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true, KV8>& dec, const GqaPagedArgs& a,
                                 const PagedSchedule& sc, int lane) {
   const int hq = a.hkv * a.group;
   const int row0 = sc.rb * ROWS;
@@ -25,7 +26,13 @@ GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const 
     return gr >= a.rows ? 0 : a.s_q - 1 - gr / a.group;
   };
   const int g = lane >> 2;
-  dec.load_q(q_row(g), ROWS == 16 ? q_row(g + 8) : nullptr);
+  if constexpr (KV8) {  // the KV head's scales fold into the score scale and the stored state
+    const float ks = a.k_scale_value * (a.k_scale ? a.k_scale[(long long)sc.kvh * a.k_scale_stride] : 1.f);
+    const float vs = a.v_scale_value * (a.v_scale ? a.v_scale[(long long)sc.kvh * a.v_scale_stride] : 1.f);
+    dec.load_q8(q_row(g), ROWS == 16 ? q_row(g + 8) : nullptr, a.scale_log2 * ks, vs);
+  } else {
+    dec.load_q(q_row(g), ROWS == 16 ? q_row(g + 8) : nullptr);
+  }
   dec.set_causal(shift(g), ROWS == 16 ? shift(g + 8) : 0, a.s_q - 1 - row0 / a.group);
 }
 
@@ -40,8 +47,8 @@ GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& 
 
 // Called by all W * 32 threads after every warp's last step (no copy in flight). `bad` = this
 // lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory.
-template <int W, int DT, int D, int ROWS, int TOK>
-GQADRV_DEVICE void paged_cta_tail(WarpDecoder<DT, D, ROWS, TOK, true>& dec, const GqaPagedArgs& a,
+template <int W, int DT, int D, int ROWS, int TOK, bool KV8>
+GQADRV_DEVICE void paged_cta_tail(WarpDecoder<DT, D, ROWS, TOK, true, KV8>& dec, const GqaPagedArgs& a,
                                   const PagedSchedule& sc, u8* smem, u32* s_ticket, u32* s_bad, bool bad,
                                   int warp, int lane) {
   {

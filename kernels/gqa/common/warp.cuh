@@ -30,12 +30,57 @@
 // largest limit). The unmasked copy of the step runs only when the whole sub-tile is below
 // len - max_shift. CAUSAL = false compiles to the code above. The CTA-level pieces (merge of the
 // warps' states, output, split merge) are in cta.cuh next to this file.
+//
+// KV8 = true (FP8-e4m3 caches, the paged kernels): K and V are one byte per element in a slot of
+// the same 128B swizzle (kv8_chunk_offset below: rows of D bytes, D/128 boxes; D = 64 uses one half
+// of each 128-byte row). The MMAs stay fp16 m16n8k16 (fp32 accumulation); codes become f16 in
+// registers, by cvt.rn.f16x2.e4m3x2 on sm_89+ (exact) or by integer ops (value * 2^-8,
+// e4m3x2_{even,odd}_to_f16x2_scaled in common/fp8.cuh; GQA_KV8_CVT below), and that factor, the K
+// scale and the softmax scale are folded into a per-row score scale, the V scale into the stored
+// state. Since a dot product and P.V may sum in any order, both operands are permuted:
+//   K: lane quad t reads whole 16-byte chunks c = k_chunk(p, t) (16 dims) of its token row; register
+//      j of a chunk (dims d = 16c + 4j .. d + 3) is one k-step: b0 = codes (d, d + 1), b1 = (d + 2,
+//      d + 3) by cvt, (d, d + 2) / (d + 1, d + 3) by the integer ops; Q's A registers hold the same
+//      pairs (load_q8).
+//   V: ldmatrix.x4.trans on byte pairs gives a lane tokens (2t, 2t + 1) x dims (2g, 2g + 1) of a
+//      16-dim chunk c per register; the even codes make the B fragment of n-tile 2c (column g = dim
+//      16c + 2g), the odd codes that of n-tile 2c + 1 (dim 16c + 2g + 1) (cvt: after a byte permute
+//      that pairs the codes of one dim). O's C fragment of lane t
+//      then holds dims 16c + 4t .. 16c + 4t + 3 of n-tiles 2c / 2c + 1 (o_dim).
+// bf16 queries are converted to fp16 with a power-of-two multiplier per row (its largest |q| to
+// [2^14, 2^15)), undone by the row's score scale; P is fp16.
 #pragma once
 #include "../../common/ptx.cuh"
+#include "../../common/fp8.cuh"
 #include "../../common/swizzle.cuh"
 #include "../../common/softmax_state.cuh"
 
-template <int DT, int D, int ROWS, int TOK, bool CAUSAL = false>
+// Byte offset of 16-byte chunk `c` (16 e4m3 elements) of row `r` in an FP8 slot of `rows` rows of D
+// bytes: the 128B swizzle of SwizzledSmemChunks (what TMA writes for D >= 128); D = 64 rows use chunk
+// positions c ^ 4 (r & 1), so that rows 2i and 2i + 1 fill different halves of the banks.
+template <int D>
+GQADRV_DEVICE u32 kv8_chunk_offset(int rows, int r, int c) {
+  return swizzled_chunk_offset(rows, r, D == 64 ? c ^ ((r & 1) << 2) : c);
+}
+
+// GQA_KV8_OC2 = 1 (development switch, GQADRV_KV8_OC2=1): the 8-row e4m3 decoders keep two
+// accumulator floats per n-tile (32 registers fewer for D = 128, two zero moves more per P.V MMA).
+#ifndef GQA_KV8_OC2
+#define GQA_KV8_OC2 0
+#endif
+// GQA_KV8_CVT: how e4m3 codes become fp16 operands. 0: integer ops (value * 2^-8, 7 ops per four
+// codes; the only way on sm_80 / sm_86); 1: cvt.rn.f16x2.e4m3x2 for K and V (2 per four codes, V
+// pairs its tokens with two byte permutes per register pair first); 2: cvt for K, integer ops for V
+// (the two halves on different pipes). Default 1 where the cvt exists (sm_89+), 0 elsewhere;
+// GQADRV_KV8_CVT=N overrides (development).
+#if !GQADRV_FP8_HW
+#undef GQA_KV8_CVT
+#define GQA_KV8_CVT 0
+#elif !defined(GQA_KV8_CVT)
+#define GQA_KV8_CVT 1
+#endif
+
+template <int DT, int D, int ROWS, int TOK, bool CAUSAL = false, bool KV8 = false>
 struct WarpDecoder {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(ROWS == 8 || ROWS == 16, "rows");
@@ -49,9 +94,16 @@ struct WarpDecoder {
   // Accumulator floats kept per n-tile. With 8 rows the C rows 8..15 only ever accumulate zeros (A
   // rows 8..15 are zero), but keeping them saves re-zeroing two registers per MMA; only D = 256
   // cannot afford the extra registers.
-  static constexpr int OC = (R16 || D <= 128) ? 4 : 2;
+  static constexpr int OC = (R16 || (D <= 128 && !(KV8 && GQA_KV8_OC2))) ? 4 : 2;
   static constexpr int BOX_BYTES = TOK * 128;
-  static constexpr int KV_BYTES = D * TOK * 2;  // K part of a shared-memory slot (V follows)
+  // K part of a shared-memory slot (V follows): D/64 (fp16/bf16) or max(1, D/128) (e4m3) boxes
+  static constexpr int KV_BYTES = KV8 ? (D < 128 ? 128 : D) * TOK : D * TOK * 2;
+  static constexpr int MDT = KV8 ? 0 : DT;  // MMA input type: the query's, or fp16 for e4m3 caches
+  static constexpr int NP8 = D / 64;        // KV8: 16-byte K chunks per lane and token row
+  static constexpr bool K_CVT = KV8 && GQA_KV8_CVT >= 1;  // K codes by cvt (exact) or integer ops (* 2^-8)
+  static constexpr bool V_CVT = KV8 && GQA_KV8_CVT == 1;
+  static constexpr float K_FOLD = K_CVT ? 1.f : 256.f;  // undoes the 2^-8 of the integer path
+  static constexpr float V_FOLD = V_CVT ? 1.f : 256.f;
 
   u32 q_lo[2 * KP][2];               // A regs 0/2 (row g)
   u32 q_hi[R16 ? 2 * KP : 1][2];     // A regs 1/3 (row g + 8), only with 16 rows
@@ -60,6 +112,8 @@ struct WarpDecoder {
   float l_lo, l_hi;                  // partial sums of this lane
   int lane;
   int shift_lo = 0, shift_hi = 0, shift_max = 0;  // CAUSAL only: keys visible to a row: [0, len - shift)
+  float rs_lo, rs_hi;  // KV8 only: per-row score scale (log2 domain; set by load_q8)
+  float out_scale;     // KV8 only: V scale * 2^8, applied to the stored state (set by load_q8)
   // Shared-memory path: this lane's byte offsets in a slot for k-step pair p = 0 (K chunk) and n-tile
   // pair q = 0 (ldmatrix row). The other pairs differ only in the swizzle bits 4..6:
   //   K (p): kofs ^ ((p & 1) << 4) + (p >> 1) * BOX_BYTES + i * 1024     (row 8i + g)
@@ -74,9 +128,18 @@ struct WarpDecoder {
     return swizzled_chunk_offset(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
   }
 
-  static GQADRV_DEVICE int k_chunk(int p, int t) { return 2 * t + (p & 1) + 8 * (p >> 1); }
+  // KV8: offsets of K chunk k_chunk(p = 0, t) of row g and of the lane's ldmatrix row (as kofs / vofs)
+  GQADRV_DEVICE u32 kofs8() const {
+    const int g = lane >> 2, t = lane & 3;
+    return kv8_chunk_offset<D>(TOK, g, D == 64 ? t : 2 * t);
+  }
+  GQADRV_DEVICE u32 vofs8() const {
+    return kv8_chunk_offset<D>(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+  }
+
+  static GQADRV_DEVICE int k_chunk(int p, int t) { return D == 64 && KV8 ? t : 2 * t + (p & 1) + 8 * (p >> 1); }
   // head-dim element of O n-tile j, column n
-  static GQADRV_DEVICE int o_dim(int j, int n) { return 8 * j + n; }
+  static GQADRV_DEVICE int o_dim(int j, int n) { return KV8 ? 16 * (j >> 1) + 2 * n + (j & 1) : 8 * j + n; }
 
   GQADRV_DEVICE void init(int lane_id) {
     lane = lane_id;
@@ -119,11 +182,78 @@ struct WarpDecoder {
     }
   }
 
+  // KV8: Q rows (null: padding) as fp16 A registers in the K8 order (k-step 4p + j of chunk
+  // k_chunk(p, t): {q[d], q[d + 2]} / {q[d + 1], q[d + 3]}, d = 16c + 4j), and the rows' score scales
+  // from `scale_log2` (softmax scale * K scale / ln 2). bf16 rows are multiplied by 2^k first (k per
+  // row: its largest finite |q| to [2^14, 2^15), k in [-100, 100]); rs = scale_log2 * 2^8 * 2^-k.
+  GQADRV_DEVICE void load_q8(const u16* __restrict__ row_lo, const u16* __restrict__ row_hi, float scale_log2,
+                             float v_scale) {
+    static_assert(KV8, "FP8 caches only");
+    out_scale = v_scale * V_FOLD;
+    rs_lo = load_q8_row(row_lo, q_lo, scale_log2);
+    if constexpr (R16) rs_hi = load_q8_row(row_hi, q_hi, scale_log2);
+  }
+
+  template <int N>
+  GQADRV_DEVICE float load_q8_row(const u16* __restrict__ row, u32 (&qr)[N][2], float scale_log2) const {
+    const int t = lane & 3;
+    float mult = 1.f, rscale = scale_log2 * K_FOLD;
+    if constexpr (DT == 1) {  // bf16: a power of two per row keeps it inside fp16's range
+      float mx = 0.f;
+#pragma unroll
+      for (int p = 0; p < NP8; ++p) {
+        if (!row) break;
+        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const U32x4 v = src[h];
+          const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float a, b;
+            unpack2<1>(w[i], a, b);
+            mx = fmaxf(mx, fmaxf(finite_abs(a), finite_abs(b)));
+          }
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      int k = 14 - ((int)(__float_as_uint(mx) >> 23) - 127);  // mx in [2^e, 2^(e+1)) -> 2^k mx in [2^14, 2^15)
+      k = k < -100 ? -100 : (k > 100 ? 100 : k);
+      mult = __uint_as_float((u32)(127 + k) << 23);
+      rscale *= __uint_as_float((u32)(127 - k) << 23);
+    }
+#pragma unroll
+    for (int p = 0; p < NP8; ++p) {
+      u32 w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+      if (row) {
+        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
+        const U32x4 v0 = src[0], v1 = src[1];
+        w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+        w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // dims 4j .. 4j + 3 of the chunk: w[2j] = (4j, 4j + 1), w[2j + 1]
+        float a, b, c, d;
+        unpack2<DT>(w[2 * j], a, b);
+        unpack2<DT>(w[2 * j + 1], c, d);
+        if constexpr (K_CVT) {  // cvt pairs codes (0, 1) and (2, 3) of a register
+          qr[4 * p + j][0] = pack2<0>(a * mult, b * mult);
+          qr[4 * p + j][1] = pack2<0>(c * mult, d * mult);
+        } else {                // the integer path pairs (0, 2) and (1, 3)
+          qr[4 * p + j][0] = pack2<0>(a * mult, c * mult);
+          qr[4 * p + j][1] = pack2<0>(b * mult, d * mult);
+        }
+      }
+    }
+    return rscale;
+  }
+
   GQADRV_DEVICE void mma_qk(float (&s)[4], int ks, u32 b0, u32 b1) const {
     if constexpr (R16)
-      mma_16816<DT>(s, q_lo[ks][0], q_hi[ks][0], q_lo[ks][1], q_hi[ks][1], b0, b1);
+      mma_16816<MDT>(s, q_lo[ks][0], q_hi[ks][0], q_lo[ks][1], q_hi[ks][1], b0, b1);
     else
-      mma_16816<DT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
+      mma_16816<MDT>(s, q_lo[ks][0], 0u, q_lo[ks][1], 0u, b0, b1);
   }
 
   // Process one sub-tile of TOK tokens starting at absolute token `tok0`; `src` is a
@@ -157,16 +287,44 @@ struct WarpDecoder {
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
       s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
     }
+    if constexpr (KV8) {
+      // one 16-byte chunk = four k-steps (register j: dims 16c + 4j .. + 3, see load_q8)
 #pragma unroll
-    for (int p = 0; p < KP; ++p) {
-      U32x4 kc[NT];
+      for (int p = 0; p < NP8; ++p) {
+        U32x4 kc[NT];
 #pragma unroll
-      for (int i = 0; i < NT; ++i)
-        kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
+        for (int i = 0; i < NT; ++i)
+          kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs8() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
 #pragma unroll
-      for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
+        for (int j = 0; j < 4; ++j) {
 #pragma unroll
-      for (int i = 0; i < NT; ++i) mma_qk(SPLIT_QK ? s2[i] : s[i], 2 * p + 1, kc[i].z, kc[i].w);
+          for (int i = 0; i < NT; ++i) {
+            const u32 x = j == 0 ? kc[i].x : (j == 1 ? kc[i].y : (j == 2 ? kc[i].z : kc[i].w));
+            u32 b0, b1;
+            if constexpr (K_CVT) {
+#if GQADRV_FP8_HW
+              e4m3x4_to_f16x2x2(x, b0, b1);
+#endif
+            } else {
+              b0 = e4m3x2_even_to_f16x2_scaled(x);
+              b1 = e4m3x2_odd_to_f16x2_scaled(x);
+            }
+            mma_qk((SPLIT_QK && (j & 1)) ? s2[i] : s[i], 4 * p + j, b0, b1);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int p = 0; p < KP; ++p) {
+        U32x4 kc[NT];
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+          kc[i] = *reinterpret_cast<const U32x4*>(src.base + ((kofs() ^ ((p & 1) << 4)) + (p >> 1) * BOX_BYTES + i * 1024));
+#pragma unroll
+        for (int i = 0; i < NT; ++i) mma_qk(s[i], 2 * p, kc[i].x, kc[i].y);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) mma_qk(SPLIT_QK ? s2[i] : s[i], 2 * p + 1, kc[i].z, kc[i].w);
+      }
     }
     if constexpr (SPLIT_QK) {
 #pragma unroll
@@ -181,6 +339,7 @@ struct WarpDecoder {
   template <bool PARTIAL>
   GQADRV_DEVICE void softmax(float (&s)[NT][4], int tok0, int len, float scale_log2) {
     const int t = lane & 3;
+    const float sc_lo = KV8 ? rs_lo : scale_log2, sc_hi = KV8 ? rs_hi : scale_log2;
     float mx_lo = neg_inf(), mx_hi = neg_inf();
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -203,7 +362,7 @@ struct WarpDecoder {
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
     const float mold_lo = m_lo;
-    const float mnew_lo = fmaxf(m_lo, mx_lo * scale_log2);
+    const float mnew_lo = fmaxf(m_lo, mx_lo * sc_lo);
     const float base_lo = mnew_lo == neg_inf() ? 0.f : mnew_lo;
     const float alpha_lo = fast_exp2(m_lo - base_lo);
     m_lo = mnew_lo;
@@ -212,7 +371,7 @@ struct WarpDecoder {
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
       mold_hi = m_hi;
-      const float mnew_hi = fmaxf(m_hi, mx_hi * scale_log2);
+      const float mnew_hi = fmaxf(m_hi, mx_hi * sc_hi);
       base_hi = mnew_hi == neg_inf() ? 0.f : mnew_hi;
       alpha_hi = fast_exp2(m_hi - base_hi);
       m_hi = mnew_hi;
@@ -222,10 +381,10 @@ struct WarpDecoder {
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[i][e] = fast_exp2(fmaf(s[i][e], scale_log2, -base_lo));  // -inf (masked) -> 0
+        s[i][e] = fast_exp2(fmaf(s[i][e], sc_lo, -base_lo));  // -inf (masked) -> 0
         sum_lo += s[i][e];
         if constexpr (R16) {
-          s[i][2 + e] = fast_exp2(fmaf(s[i][2 + e], scale_log2, -base_hi));
+          s[i][2 + e] = fast_exp2(fmaf(s[i][2 + e], sc_hi, -base_hi));
           sum_hi += s[i][2 + e];
         }
       }
@@ -253,10 +412,10 @@ struct WarpDecoder {
 
   GQADRV_DEVICE void mma_pv(int j, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     if constexpr (OC == 4) {
-      mma_16816<DT>(o[j], a0, a1, a2, a3, b0, b1);
+      mma_16816<MDT>(o[j], a0, a1, a2, a3, b0, b1);
     } else {
       float acc[4] = {o[j][0], o[j][1], 0.f, 0.f};
-      mma_16816<DT>(acc, a0, a1, a2, a3, b0, b1);
+      mma_16816<MDT>(acc, a0, a1, a2, a3, b0, b1);
       o[j][0] = acc[0];
       o[j][1] = acc[1];
     }
@@ -268,12 +427,12 @@ struct WarpDecoder {
     const int t = lane & 3;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      const u32 a0 = pack2<DT>(s[2 * ks][0], s[2 * ks][1]);
-      const u32 a2 = pack2<DT>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      const u32 a0 = pack2<MDT>(s[2 * ks][0], s[2 * ks][1]);
+      const u32 a2 = pack2<MDT>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
       u32 a1 = 0u, a3 = 0u;
       if constexpr (R16) {
-        a1 = pack2<DT>(s[2 * ks][2], s[2 * ks][3]);
-        a3 = pack2<DT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        a1 = pack2<MDT>(s[2 * ks][2], s[2 * ks][3]);
+        a3 = pack2<MDT>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       }
       const int r0 = 16 * ks + 2 * t;  // this lane's tokens r0, r0+1 (b0) and r0+8, r0+9 (b1)
       // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
@@ -284,6 +443,41 @@ struct WarpDecoder {
         z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
       }
       const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
+      if constexpr (KV8) {
+        // ldmatrix.x4.trans over chunks 2q, 2q + 1: r0 / r1 tokens (2t, 2t+1) / (2t+8, 2t+9) x dims
+        // (2g, 2g+1) of chunk 2q, r2 / r3 of chunk 2q + 1; the masks clear whole tokens (16-bit halves)
+#pragma unroll
+        for (int q = 0; q < D / 32; ++q) {
+          u32 r0, r1, r2, r3;
+          ldsm_x4_trans(vbase + ((vofs8() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), r0, r1, r2, r3);
+          if constexpr (PARTIAL) {
+            r0 &= z0;
+            r1 &= z1;
+            r2 &= z0;
+            r3 &= z1;
+          }
+          if constexpr (V_CVT) {
+#if GQADRV_FP8_HW
+            // even dims: bytes 0, 2 of r0 / r1 (tokens 2t, 2t+1 / 2t+8, 2t+9); odd dims: bytes 1, 3
+            u32 e0, e1, o0, o1;
+            e4m3x4_to_f16x2x2(__byte_perm(r0, r1, 0x6420), e0, e1);
+            e4m3x4_to_f16x2x2(__byte_perm(r0, r1, 0x7531), o0, o1);
+            mma_pv(4 * q, a0, a1, a2, a3, e0, e1);
+            mma_pv(4 * q + 1, a0, a1, a2, a3, o0, o1);
+            e4m3x4_to_f16x2x2(__byte_perm(r2, r3, 0x6420), e0, e1);
+            e4m3x4_to_f16x2x2(__byte_perm(r2, r3, 0x7531), o0, o1);
+            mma_pv(4 * q + 2, a0, a1, a2, a3, e0, e1);
+            mma_pv(4 * q + 3, a0, a1, a2, a3, o0, o1);
+#endif
+          } else {
+            mma_pv(4 * q, a0, a1, a2, a3, e4m3x2_even_to_f16x2_scaled(r0), e4m3x2_even_to_f16x2_scaled(r1));
+            mma_pv(4 * q + 1, a0, a1, a2, a3, e4m3x2_odd_to_f16x2_scaled(r0), e4m3x2_odd_to_f16x2_scaled(r1));
+            mma_pv(4 * q + 2, a0, a1, a2, a3, e4m3x2_even_to_f16x2_scaled(r2), e4m3x2_even_to_f16x2_scaled(r3));
+            mma_pv(4 * q + 3, a0, a1, a2, a3, e4m3x2_odd_to_f16x2_scaled(r2), e4m3x2_odd_to_f16x2_scaled(r3));
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int q = 0; q < NJ / 2; ++q) {
         u32 b0, b1, b2, b3;
@@ -325,6 +519,22 @@ struct WarpDecoder {
         ml[2 * (g + 8)] = m_hi;
         ml[2 * (g + 8) + 1] = l_hi;
       }
+    }
+    if constexpr (KV8) {  // n-tiles 2c / 2c + 1: dims 16c + 4t + {0, 2} / {1, 3}: one 16-byte store per row
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        const int d0 = 16 * c + 4 * t;
+        const float (&ev)[OC] = o[2 * c];
+        const float (&od)[OC] = o[2 * c + 1];
+        const float f = out_scale;
+        if (lo_ok) *reinterpret_cast<U32x4*>(os + g * ST + d0) =
+            U32x4{__float_as_uint(ev[0] * f), __float_as_uint(od[0] * f), __float_as_uint(ev[1] * f), __float_as_uint(od[1] * f)};
+        if constexpr (R16) {
+          if (hi_ok) *reinterpret_cast<U32x4*>(os + (g + 8) * ST + d0) =
+              U32x4{__float_as_uint(ev[2] * f), __float_as_uint(od[2] * f), __float_as_uint(ev[3] * f), __float_as_uint(od[3] * f)};
+        }
+      }
+      return;
     }
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {

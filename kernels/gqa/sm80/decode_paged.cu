@@ -19,7 +19,9 @@
 // Tiles      sub-tiles of TOK (16 or 32) tokens x D in the 128B-swizzled slot layout of the other
 //            routes, GQA_STAGES slots per warp; WarpDecoder<..., CAUSAL = true> (gqa/common/warp.cuh)
 //            with mma.sync m16n8k16; each lane's two rows carry their causal shift s_q - 1 - j.
-// Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 boxes of TOK x 128 B), reused after
+//            GQA_KV8 = 1: e4m3 caches, one byte per element, the FP8 slot layout (kv8_chunk_offset)
+//            and WarpDecoder<..., KV8 = true> (dequantization in registers, scales folded).
+// Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 boxes of TOK x 128 B; e4m3: max(1, D/128)), reused after
 //            the loop as the MergeArea of the W warp states and then the split-merge scratch.
 // Barriers   cp.async groups: one commit per ring step (empty groups keep the count uniform),
 //            wait_group<STAGES-1> + __syncwarp before reading a slot, __syncwarp before refilling
@@ -31,9 +33,23 @@
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
               STAGES = GQA_STAGES;
-constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+constexpr bool KV8 = GQA_KV8 != 0;
+using Decoder = WarpDecoder<DT, D, ROWS, TOK, true, KV8>;
+template <bool B> struct KvElem { using T = u16; };
+template <> struct KvElem<true> { using T = u8; };
+using KvT = KvElem<KV8>::T;          // one cache element: fp16 / bf16 bits or an e4m3 code
+constexpr int EPC = 16 / sizeof(KvT);  // elements per 16-byte chunk
+constexpr u32 SLOT_BYTES = 2u * Decoder::KV_BYTES;
 constexpr int LOG2_TOK = TOK == 16 ? 4 : 5;
 static_assert(TOK == 16 || TOK == 32, "one row per lane of the offset shuffle");
+
+// Slot byte offset of 16-byte chunk c of K row r (V: + Decoder::KV_BYTES)
+GQADRV_DEVICE u32 slot_chunk(int r, int c) {
+  if constexpr (KV8)
+    return kv8_chunk_offset<D>(TOK, r, c);
+  else
+    return swizzled_chunk_offset(TOK, r, c);
+}
 }  // namespace
 
 // Fill a ring slot with rows [tok0, tok0 + TOK) of one KV head. `my_off` is this lane's offset of
@@ -52,9 +68,10 @@ static_assert(TOK == 16 || TOK == 32, "one row per lane of the offset shuffle");
 #undef GQA_PAGED_HOISTED_COPY
 #define GQA_PAGED_HOISTED_COPY 0
 #endif
-GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase, long long my_off, bool one_page,
+GQADRV_DEVICE void copy_tile_paged(u32 slot, const KvT* kbase, const KvT* vbase, long long my_off, bool one_page,
                                    int tok0, int len, long long tok_stride, int lane) {
-  constexpr int CPR = D / 8, CHUNKS = TOK * CPR;  // 16-byte chunks per row / per K tile
+  constexpr int CPR = D / EPC, CHUNKS = TOK * CPR;  // 16-byte chunks per row / per K tile
+  constexpr u32 VOFF = Decoder::KV_BYTES;
 #if GQA_PAGED_HOISTED_COPY
   static_assert(CPR <= 32 && 32 % CPR == 0, "a lane keeps one chunk column");
   constexpr int RPK = 32 / CPR;  // rows per copy instruction of the warp
@@ -62,16 +79,16 @@ GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase,
   if (one_page) {
     const long long off0 = __shfl_sync(0xffffffffu, my_off, 0);
     const bool page_ok = off0 >= 0;
-    const long long first = page_ok ? off0 + r0 * tok_stride + 8 * c : 0;
+    const long long first = page_ok ? off0 + r0 * tok_stride + EPC * c : 0;
     const long long step = RPK * tok_stride;
 #pragma unroll
     for (int k = 0; k < CHUNKS / 32; ++k) {
       const int r = r0 + RPK * k;
       const bool ok = page_ok && tok0 + r < len;
       const long long off = ok ? first + k * step : 0;
-      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+      const u32 dst = slot + slot_chunk(r, c);
       cp_async_16(dst, kbase + off, ok ? 16u : 0u);
-      cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+      cp_async_16(dst + VOFF, vbase + off, ok ? 16u : 0u);
     }
   } else {
 #pragma unroll
@@ -79,10 +96,10 @@ GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase,
       const int r = r0 + RPK * k;
       const long long row = __shfl_sync(0xffffffffu, my_off, r);
       const bool ok = row >= 0;
-      const long long off = ok ? row + 8 * c : 0;
-      const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+      const long long off = ok ? row + EPC * c : 0;
+      const u32 dst = slot + slot_chunk(r, c);
       cp_async_16(dst, kbase + off, ok ? 16u : 0u);
-      cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+      cp_async_16(dst + VOFF, vbase + off, ok ? 16u : 0u);
     }
   }
 #else
@@ -100,18 +117,23 @@ GQADRV_DEVICE void copy_tile_paged(u32 slot, const u16* kbase, const u16* vbase,
       off = __shfl_sync(0xffffffffu, my_off, r);
       ok = off >= 0;
     }
-    off = ok ? off + 8 * c : 0;
-    const u32 dst = slot + swizzled_chunk_offset(TOK, r, c);
+    off = ok ? off + EPC * c : 0;
+    const u32 dst = slot + slot_chunk(r, c);
     cp_async_16(dst, kbase + off, ok ? 16u : 0u);
-    cp_async_16(dst + TOK * D * 2, vbase + off, ok ? 16u : 0u);
+    cp_async_16(dst + VOFF, vbase + off, ok ? 16u : 0u);
   }
 #endif
 }
 
+// GQA_PAGED_MIN_CTAS (development switch, GQADRV_PAGED_MIN_CTAS=N): ask ptxas for N resident CTAs per
+// SM (a register cap of 64K / (N * W * 32)); default 1.
+#ifndef GQA_PAGED_MIN_CTAS
+#define GQA_PAGED_MIN_CTAS 1
+#endif
 #if GQA_D == 256
 #define GQA_PAGED_BOUNDS __launch_bounds__(W * 32)
 #else
-#define GQA_PAGED_BOUNDS __launch_bounds__(W * 32, 1)
+#define GQA_PAGED_BOUNDS __launch_bounds__(W * 32, GQA_PAGED_MIN_CTAS)
 #endif
 
 extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs args) {
@@ -128,8 +150,8 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
   const int first = sc.sub_begin + warp;
   const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
   u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
-  const u16* kbase = args.k + (long long)sc.kvh * args.head_stride;
-  const u16* vbase = args.v + (long long)sc.kvh * args.head_stride;
+  const KvT* kbase = reinterpret_cast<const KvT*>(args.k) + (long long)sc.kvh * args.head_stride;
+  const KvT* vbase = reinterpret_cast<const KvT*>(args.v) + (long long)sc.kvh * args.head_stride;
   const bool paged = args.table != nullptr;
   const bool one_page = !paged || args.page_shift >= LOG2_TOK;  // warp-uniform
   const int* trow = paged ? args.table + (long long)sc.b * args.table_stride : nullptr;
@@ -166,7 +188,7 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
     cp_async_commit();
   }
 
-  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  Decoder dec;
   dec.init(lane);
   paged_load_q(dec, args, sc, lane);
   pdl_launch_dependents();

@@ -14,7 +14,8 @@
 // Tiles      4-D tensor maps over the K and V pools: NHD (D, Hkv, page, pages), box
 //            {64, 1, BT, 1}; HND (D, page, Hkv, pages), box {64, BT, 1, 1} (GQA_PAGED_FLAG_HND);
 //            128B swizzle, so a slot holds D/64 blocks of TOK rows x 128 B exactly as the other
-//            routes (WarpDecoder<..., CAUSAL = true>, mma.sync m16n8k16). Boxes of tokens >= len
+//            routes (WarpDecoder<..., CAUSAL = true>, mma.sync m16n8k16). GQA_KV8 = 1 (e4m3, D >= 128):
+//            uint8 maps with boxes of 128 codes per row, D/128 blocks (WarpDecoder<..., KV8 = true>). Boxes of tokens >= len
 //            use page coordinate -1 and page ids outside [0, num_pages) are out of the map: TMA
 //            fills both with zeros without reading memory (still counted by complete_tx).
 // Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 blocks of TOK x 128 B, 1024-byte
@@ -31,13 +32,20 @@
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
               STAGES = GQA_STAGES;
-constexpr int NB = D / 64;
-constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+constexpr bool KV8 = GQA_KV8 != 0;
+using Decoder = WarpDecoder<DT, D, ROWS, TOK, true, KV8>;
+constexpr int EPB = KV8 ? 128 : 64;  // elements per 128-byte box row (one e4m3 code = one byte)
+constexpr int NB = D / EPB;
+constexpr u32 SLOT_BYTES = 2u * Decoder::KV_BYTES;
+static_assert(!KV8 || D >= 128, "e4m3 rows of 64 bytes take the cp.async route");
 constexpr int LOG2_TOK = TOK == 16 ? 4 : (TOK == 32 ? 5 : 6);
 static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(W * 32, 1)
+#ifndef GQA_PAGED_MIN_CTAS  // development switch (GQADRV_PAGED_MIN_CTAS=N): N resident CTAs per SM
+#define GQA_PAGED_MIN_CTAS 1
+#endif
+extern "C" __global__ void __launch_bounds__(W * 32, GQA_PAGED_MIN_CTAS)
     gqa_decode_paged_tma(const __grid_constant__ TmaDesc k_map, const __grid_constant__ TmaDesc v_map,
                          const GqaPagedArgs args) {
   extern __shared__ __align__(1024) u8 smem[];
@@ -93,8 +101,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 #pragma unroll
         for (int cb = 0; cb < NB; ++cb) {
           const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
-          tma_load_4d(dst, &k_map, bar, 64 * cb, c1, c2, pg, policy);
-          tma_load_4d(dst + SLOT_BYTES / 2, &v_map, bar, 64 * cb, c1, c2, pg, policy);
+          tma_load_4d(dst, &k_map, bar, EPB * cb, c1, c2, pg, policy);
+          tma_load_4d(dst + SLOT_BYTES / 2, &v_map, bar, EPB * cb, c1, c2, pg, policy);
         }
       }
     }
@@ -107,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   for (int s = 0; s < STAGES; ++s)
     if (s < count) issue(s, pg[s]);
 
-  WarpDecoder<DT, D, ROWS, TOK, true> dec;
+  Decoder dec;
   dec.init(lane);
   paged_load_q(dec, args, sc, lane);
   pdl_launch_dependents();
