@@ -154,8 +154,9 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
     stream_ptr = -1 if stream is None else (1 if stream == 0 else int(stream))
     try:
         v = _SMV.from_dlpack(obj, stream_ptr=stream_ptr)
-    except BufferError as exc:
-        raise ValueError(f"{name} cannot be exported through DLPack: {exc}") from exc
+    except (BufferError, TypeError, RuntimeError) as exc:
+        # e.g. a producer without a DLPack code for its dtype (some torch / JAX versions and fp8)
+        raise ValueError(f"{name} cannot be exported through DLPack: {type(exc).__name__}: {exc}") from exc
     shape = tuple(v.shape)
     try:
         npdt = v.dtype
@@ -174,14 +175,18 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
             itemsize = int(v.dtype.itemsize)
         except Exception:  # noqa: BLE001
             itemsize = 1
-    if v.strides is None:
+    try:
+        v_strides = v.strides
+    except TypeError as exc:  # a consumer that derives element strides from a dtype it cannot parse
+        raise ValueError(f"{name} cannot be read through DLPack (dtype {dt}): {exc}") from exc
+    if v_strides is None:
         strides, acc = [], 1
         for d in reversed(shape):
             strides.append(acc)
             acc *= d
         strides = tuple(reversed(strides))
     else:
-        strides = tuple(v.strides)
+        strides = tuple(v_strides)
     return TensorView(obj, name, v.ptr, shape, strides, dt, itemsize, dev_id, framework_of(obj))
 
 
