@@ -65,10 +65,12 @@ def _ops() -> tuple:
 
 def _bench_specs() -> list:
     """The ``bench --op`` choices: each op family's bench spec, then the paged GQA decode bench
-    (``--op gqa_paged``, ``gqa/bench_paged.py``)."""
+    (``--op gqa_paged``, ``gqa/bench_paged.py``) and its FP8-e4m3 KV form (``--op gqa_fp8``,
+    ``gqa/bench_fp8.py``)."""
+    from .gqa.bench_fp8 import SPEC as gqa_fp8
     from .gqa.bench_paged import SPEC as gqa_paged
 
-    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged]
+    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8]
 
 
 def _print_json(obj) -> None:

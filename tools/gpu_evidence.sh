@@ -7,10 +7,12 @@
 # table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
 # folder), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
 # (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
-# (`bench --op gqa_paged` with FlashInfer's paged wrappers), paged_sanitize (memcheck + racecheck over
-# the paged routes and merge_state), integrations (tests/integrations on the GPU: torch.compile, torch
-# graphs, jax.jit, incl. the paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged
-# routes under tuning switches). Default: the GQA steps.
+# (`bench --op gqa_paged` with FlashInfer's paged wrappers), fp8_bench (`bench --op gqa_fp8`: the
+# FP8-e4m3 KV paged decode against our fp16 one and FlashInfer's fp8 / fp16 paged decode on the
+# ANCHORS rows), paged_sanitize (memcheck + racecheck over the paged routes and merge_state),
+# integrations (tests/integrations on the GPU: torch.compile, torch graphs, jax.jit, incl. the
+# paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged routes under tuning
+# switches). Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
@@ -24,7 +26,8 @@ fi
 for step in $STEPS; do
   case $step in
   tests) python3 -m pytest -q -m gpu --timeout=150 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
-         tail -5 "$OUT/tests.log" > "$OUT/tests.txt"; rm -f "$OUT/tests.log" ;;
+         { grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40; tail -5 "$OUT/tests.log"; } > "$OUT/tests.txt"
+         rm -f "$OUT/tests.log" ;;
   bench) python3 -m gqadrv bench --no-geometry --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 ;;
   mla_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --reps 10 \
                --json "$OUT/mla_bench.json" > "$OUT/mla_bench.txt" 2>&1 ;;
@@ -36,6 +39,8 @@ for step in $STEPS; do
                 done > "$OUT/mla_sanitize.txt" 2>&1 ;;
   paged_bench) python3 -m gqadrv bench --op gqa_paged --reps 10 --json "$OUT/paged_bench.json" \
                  > "$OUT/paged_bench.txt" 2>&1 ;;
+  fp8_bench) python3 -m gqadrv bench --op gqa_fp8 --reps 10 --json "$OUT/fp8_bench.json" \
+               > "$OUT/fp8_bench.txt" 2>&1 ;;
   paged_sanitize) for t in memcheck racecheck; do
                     compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
                       python3 tools/sanitize_routes.py --paged-only > "$OUT/paged_$t.log" 2>&1
@@ -61,5 +66,6 @@ for step in $STEPS; do
 done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
-grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
+grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
+cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
 tail -4 "$OUT/integrations.txt" 2>/dev/null

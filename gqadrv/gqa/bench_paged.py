@@ -74,17 +74,21 @@ ROWS = ([PagedRow(p, b, n) for p in PAGES for b in BATCHES for n in LENGTHS]
 QUICK_ROWS = [PagedRow(1, 16, 4096), PagedRow(16, 16, 4096, SQ)]  # every code path, two rows
 
 
-def select_rows(rows: list, filters: list[str]) -> list:
+TAG_HELP = "page16/p16, page1/p1, b1, b16, b64, b128, 4k/l4096, 32k/l32768, sq1, sq4"
+
+
+def select_rows(rows: list, filters: list[str], universe: list | None = None, tag_help: str = TAG_HELP) -> list:
     """The rows having every tag of at least one filter (a comma list of tags), in ``rows`` order.
-    A tag no row has, or filters that select nothing, are a ValueError (exit status 2)."""
-    known = frozenset().union(*(r.tags for r in ROWS + list(rows)))
+    A tag no row of ``universe`` (default: ``ROWS``) or ``rows`` has, or filters that select nothing,
+    are a ValueError (exit status 2); ``tag_help`` lists the tags in that message."""
+    known = frozenset().union(*(r.tags for r in list(ROWS if universe is None else universe) + list(rows)))
     groups = []
     for f in filters:
         tags = {t.strip().lower() for t in f.split(",") if t.strip()}
         unknown = sorted(tags - known)
         if unknown:
-            raise ValueError(f"--rows {f}: unknown tag(s) {', '.join(unknown)} (tags: page16/p16, page1/p1, "
-                             f"b1, b16, b64, b128, 4k/l4096, 32k/l32768, sq1, sq4; comma = and, space = or)")
+            raise ValueError(f"--rows {f}: unknown tag(s) {', '.join(unknown)} (tags: {tag_help}; "
+                             f"comma = and, space = or)")
         groups.append(tags)
     out = [r for r in rows if any(g <= r.tags for g in groups)]
     if not out:
@@ -127,10 +131,12 @@ def fill_contiguous(kv, k_cache, v_cache, table, lengths: list[int]) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # --no-peers and --backend come from the gqa spec (one shared parser); read with getattr
     p.add_argument("--rows", nargs="+", default=None, metavar="TAGS",
-                   help="--op gqa_paged: only rows with every tag of one of these comma lists, e.g. "
-                        "'page16,b1 sq4' (tags: page16/p16, page1/p1, b1, b16, b64, b128, 4k, 32k, sq1, sq4)")
+                   help="--op gqa_paged / gqa_fp8: only rows with every tag of one of these comma lists, e.g. "
+                        "'page16,b1 sq4' (gqa_paged tags: page16/p16, page1/p1, b1, b16, b64, b128, 4k, 32k, sq1, "
+                        "sq4; gqa_fp8: b1, b16, b64, b128, b256, 2k, 4k, 8k, 32k)")
     p.add_argument("--quick", action="store_true",
-                   help="--op gqa_paged: two smoke rows (p1 B16 L4K; p16 B16 L4K s_q4)")
+                   help="--op gqa_paged: two smoke rows (p1 B16 L4K; p16 B16 L4K s_q4); --op gqa_fp8: two "
+                        "rows (p16 B1 L4K; p16 B16 L4K)")
 
 
 def _import_peers(args) -> None:
@@ -224,12 +230,13 @@ def _prepare_stream():
     return torch.cuda.current_stream() if torch is not None else None
 
 
-def _paged(row: PagedRow, q, kc, vc, bt, sl, out, deterministic: bool, backend):
+def _paged(row: PagedRow, q, kc, vc, bt, sl, out, deterministic: bool, backend, **kv):
+    """The prepared paged decode (``kv``: kv_dtype / k_scale / v_scale of an FP8 cache)."""
     import gqadrv
 
     return gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=out,
                                            kv_layout="NHD", deterministic=deterministic, stream=_prepare_stream(),
-                                           backend=backend)
+                                           backend=backend, **kv)
 
 
 def _flashinfer(row: PagedRow, q, kc, vc, table, lengths, ref, timer: Timer, res: dict) -> None:
@@ -418,11 +425,11 @@ TARGETS = (
 )
 
 
-def target_lines(rows: list) -> list[str]:
-    """One line per target: rows meeting it hot and cold, the rows missing it (ratios hot / cold),
-    the rows where a time is missing."""
+def target_lines(rows: list, targets: tuple = TARGETS) -> list[str]:
+    """One line per target of ``targets`` (default: this bench's): rows meeting it hot and cold, the
+    rows missing it (ratios hot / cold), the rows where a time is missing."""
     lines = ["Targets (a row meets one when both its hot and cold ratio do):"]
-    for text, applies, ratio, good in TARGETS:
+    for text, applies, ratio, good in targets:
         rs = [r for r in rows if applies(r)]
         if not rs:
             lines.append(f"- {text}: no row in this run")
