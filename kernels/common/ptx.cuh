@@ -155,6 +155,11 @@ GQADRV_DEVICE void named_bar_arrive(u32 id, u32 count) {
 }
 
 // ----------------------------------------------------------------------------- mbarrier / TMA
+// Non-binding prefetches of the line holding `p` (no register result, never faults on a valid
+// address; nothing waits for them).
+GQADRV_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+GQADRV_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 #if GQADRV_ARCH >= 90
 GQADRV_DEVICE void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");

@@ -36,6 +36,30 @@ GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true, KV8>& dec, c
   dec.set_causal(shift(g), ROWS == 16 ? shift(g + 8) : 0, a.s_q - 1 - row0 / a.group);
 }
 
+// Start of a CTA, before its schedule reads the request's length: prefetch what the next two round
+// trips need, so they overlap the length's: lanes 0..ROWS-1 the query rows of the CTA's row block
+// (into L1; every lane reads its chunks of them in paged_load_q), lane 31 the first 128 bytes of the
+// request's block-table row from the split's first table entry of a one-split launch (into L2; the
+// page ids of the first sub-tiles). Only addresses inside q and inside the table row are touched.
+// D = 256 builds skip it (the registers of its address arithmetic spill the sm_100a cp.async kernel).
+template <int ROWS, int D>
+GQADRV_DEVICE void paged_prefetch(const GqaPagedArgs& a, int lane) {
+  if constexpr (D > 128) return;
+  const int unit = (int)blockIdx.x / a.num_splits;
+  const int rb = unit % a.row_blocks, bh = unit / a.row_blocks;
+  const int b = bh / a.hkv, kvh = bh - b * a.hkv;
+  const int gr = rb * ROWS + lane;
+  if (lane < ROWS && gr < a.rows) {
+    const int j = gr / a.group;
+    const u16* row = a.q + (((long long)b * a.s_q + j) * a.hkv * a.group + (long long)kvh * a.group +
+                            (gr - j * a.group)) * D;
+#pragma unroll
+    for (int k = 0; k < D * 2; k += 128) prefetch_l1(reinterpret_cast<const u8*>(row) + k);
+  }
+  if (lane == 31 && a.table != nullptr && (int)blockIdx.x % a.num_splits == 0)
+    prefetch_l2(a.table + (long long)b * a.table_stride);
+}
+
 // A split past the request's tokens under GQA_PAGED_DET_EXIT (sc.split >= sc.splits_used): it takes
 // no part in the ticket; it only clears its bad-page status word. Returns true when the CTA is done.
 GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& sc) {

@@ -143,6 +143,7 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   pdl_wait();
+  if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
 #if GQA_PAGED_DET_EXIT
   if (paged_idle_split(args, sc)) return;  // a batch-invariant split past the request's tokens

@@ -65,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, GQA_PAGED_MIN_CTAS)
   }
   __syncwarp();
   pdl_wait();
+  if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
 #if GQA_PAGED_DET_EXIT
   if (paged_idle_split(args, sc)) return;  // a batch-invariant split past the request's tokens
