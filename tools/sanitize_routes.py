@@ -76,11 +76,17 @@ def _paged_routes(cp, gqadrv, rng) -> int:
     pages, a length past the capacity, an empty request and a page id out of range; then merge_state."""
     from gqadrv.gqa.reference import gqa_decode_paged_reference, paged_kv_from_contiguous
 
+    from gqadrv.ops.fp8 import e4m3_from_f32, e4m3_to_f32
+
     bad = 0
     B, Hq, Hkv, D, T = 4, 16, 2, 128, 320  # T: whole pages of every tested size
-    for backend, page, s_q, splits, det in (("hopper", 16, 1, 1, False), ("hopper", 16, 4, 3, False),
-                                            ("hopper", 32, 4, None, True), ("portable", 16, 4, 3, False),
-                                            ("portable", 1, 1, None, True), ("portable", 4, 2, 1, False)):
+    for backend, page, s_q, splits, det, fp8 in (
+            ("hopper", 16, 1, 1, False, False), ("hopper", 16, 4, 3, False, False), ("hopper", 32, 4, None, True, False),
+            ("portable", 16, 4, 3, False, False), ("portable", 1, 1, None, True, False),
+            ("portable", 4, 2, 1, False, False),
+            # e4m3 caches (uint8 codes, per-head device scales): TMA and cp.async kernels
+            ("hopper", 16, 1, 1, False, True), ("hopper", 32, 4, 3, False, True), ("portable", 16, 2, 3, False, True),
+            ("portable", 1, 1, None, True, True)):
         lens = np.array([T, 0, T + 40, T // 3], np.int32)
         k = rng.standard_normal((B, T, Hkv, D)).astype(np.float16)
         v = rng.standard_normal((B, T, Hkv, D)).astype(np.float16)
@@ -89,12 +95,19 @@ def _paged_routes(cp, gqadrv, rng) -> int:
         bad_row = 3  # request 3: one page id past the pool, reported as bad_page
         bt[bad_row, 0] = kc.shape[0] + 5
         q = rng.standard_normal((B, s_q, Hq, D)).astype(np.float16)
+        kw = {}
+        if fp8:  # codes of the fp16 pages (NaN poison stays NaN: code 0x7F), dequantized for the oracle
+            ks, vs = np.array([0.5, 1.5], np.float32), np.array([2.0, 0.25], np.float32)
+            kc8, vc8 = e4m3_from_f32(kc.astype(np.float32) / ks[:, None]), e4m3_from_f32(vc.astype(np.float32) / vs[:, None])
+            kc, vc = e4m3_to_f32(kc8) * ks[:, None], e4m3_to_f32(vc8) * vs[:, None]
+            kw = dict(kv_dtype="e4m3", k_scale=cp.asarray(ks), v_scale=cp.asarray(vs))
         ref, ref_lse = gqa_decode_paged_reference(q, kc, vc, bt, lens)
-        dq, dk, dv, dt, dl = (cp.asarray(x) for x in (q, kc, vc, bt, lens))
+        dq, dt, dl = (cp.asarray(x) for x in (q, bt, lens))
+        dk, dv = (cp.asarray(kc8), cp.asarray(vc8)) if fp8 else (cp.asarray(kc), cp.asarray(vc))
         o, lse = cp.empty_like(dq), cp.empty((B, s_q, Hq), cp.float32)
         p = gqadrv.prepare_gqa_decode_paged(q=dq, k_cache=dk, v_cache=dv, block_table=dt, seq_lens=dl, out=o,
                                             lse=lse, num_splits=None if det else splits, deterministic=det,
-                                            backend=backend)
+                                            backend=backend, **kw)
         for _ in range(2):
             gqadrv.launch_prepared(p)
         st = gqadrv.check_status(p)
@@ -104,7 +117,8 @@ def _paged_routes(cp, gqadrv, rng) -> int:
         lerr = float(np.max(np.abs(cp.asnumpy(lse)[good][fin] - ref_lse[good][fin])))
         ok = err < 2e-2 and lerr < 1e-2 and st["bad_page"] == [bad_row] and st["empty"] == [1] and st["clamped"] == [2]
         bad += not ok
-        print(f"paged {backend:8s} page {page:2d} s_q {s_q} splits {p.num_splits} det {det} route={p.route} "
+        print(f"paged {'e4m3 ' if fp8 else ''}{backend:8s} page {page:2d} s_q {s_q} splits {p.num_splits} det {det} "
+              f"route={p.route} "
               f"max err {err:.2e} lse {lerr:.2e} status {st} {'OK' if ok else 'FAIL'}")
     va = cp.asarray(rng.standard_normal((6, 4, 128)).astype(np.float16))
     vb = cp.asarray(rng.standard_normal((6, 4, 128)).astype(np.float16))

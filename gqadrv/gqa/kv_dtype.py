@@ -22,9 +22,11 @@ from typing import Any
 from ..ops import contract as _oc
 from ..runtime.tensors import TensorView
 
-__all__ = ["E4M3_NAMES", "KvScales", "check_kv_dtype", "check_kv_scales", "fp8_args_given", "kv_is_8bit"]
+__all__ = ["E4M3_NAMES", "KvScales", "check_kv_dtype", "check_kv_scales", "fp8_args_given", "kv_dtype_name",
+           "kv_is_8bit"]
 
-E4M3_NAMES = ("e4m3", "float8_e4m3fn")
+E4M3_NAMES = ("e4m3", "float8_e4m3fn", "fp8_e4m3")
+MAX_HOST_SCALE = 2.0**100  # a number scale times 2^8 and the softmax scale stays finite in float32
 _CODE_DTYPES = ("uint8", "int8")
 
 
@@ -40,11 +42,24 @@ def kv_is_8bit(kv: Any) -> bool:
     return "float8" in dt or "int8" in dt
 
 
+def kv_dtype_name(kv_dtype: Any) -> str | None:
+    """'e4m3' for any spelling of float8 e4m3fn (a string, torch.float8_e4m3fn, an ml_dtypes / numpy
+    dtype), None for None; anything else is a ValueError."""
+    if kv_dtype is None:
+        return None
+    name = str(kv_dtype).lower()
+    for prefix in ("torch.", "jnp.", "dtype(", "<class '"):
+        name = name.replace(prefix, "")
+    name = name.strip("')\" >").split(".")[-1]
+    if name in E4M3_NAMES:
+        return "e4m3"
+    raise ValueError(f"kv_dtype must be None (the cache's own dtype) or 'e4m3' / float8_e4m3fn (e4m3 codes), "
+                     f"got {kv_dtype!r}")
+
+
 def check_kv_dtype(kv: TensorView, q: TensorView, kv_dtype: Any) -> bool:
     """True for an e4m3 cache, False for a cache of q's dtype; errors name the fix."""
-    if kv_dtype is not None and (not isinstance(kv_dtype, str) or kv_dtype.lower() not in E4M3_NAMES):
-        raise ValueError(f"kv_dtype must be None (the cache's own dtype) or 'e4m3' (float8_e4m3fn codes), "
-                         f"got {kv_dtype!r}")
+    kv_dtype = kv_dtype_name(kv_dtype)
     if kv.dtype == "float8_e4m3fn":
         return True
     if kv.dtype in _CODE_DTYPES:
@@ -81,7 +96,7 @@ def _one_scale(value: Any, name: str, hkv: int, q: TensorView, stream: int | Non
     if value is None:
         return 1.0, 0, 0, None
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        v = _oc.check_positive_scale(name, value)
+        v = _oc.check_positive_scale(name, value, MAX_HOST_SCALE)
         if float(v) < 1.1754943508222875e-38:
             raise ValueError(f"{name}={value!r} is below the smallest normal float32 (the kernel multiplies by "
                              "float32(scale))")

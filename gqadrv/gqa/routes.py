@@ -179,7 +179,9 @@ def tiling_for(family: str, head_dim: int, kv8: bool = False) -> Tiling:
     if env:
         w, t, s = (int(x) for x in env.split(","))
         return Tiling(w, t, s)
-    return _TILINGS_E4M3[(family, head_dim)] if kv8 else _TILINGS[(family, head_dim)]
+    if kv8 and (family, head_dim) in _TILINGS_E4M3:
+        return _TILINGS_E4M3[(family, head_dim)]
+    return _TILINGS[(family, head_dim)]
 
 
 # Compile-time switches of the TMA family (kernels/gqa/sm90/decode_tma.cu); the environment
