@@ -19,8 +19,10 @@ OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} GQADRV_CACHE_DIR=/tmp/gqc CUDA_CACHE_DISABLE=1 \
        XLA_PYTHON_CLIENT_PREALLOCATE=false
 STEPS=${*:-tests bench trace tune ncu}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+set +f; WHLS=$(ls .whl/*.whl 2>/dev/null | tr '\n' ' '); set -f  # (globbing is off for the shapes)
+if [ -n "$WHLS" ]; then
+  # shellcheck disable=SC2086  # one word per wheel
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site $WHLS && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --format='%h %s' 2>/dev/null; } > "$OUT/env.txt" 2>&1
 for step in $STEPS; do

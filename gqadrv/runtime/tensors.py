@@ -156,6 +156,9 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
         v = _SMV.from_dlpack(obj, stream_ptr=stream_ptr)
     except (BufferError, TypeError, RuntimeError) as exc:
         # e.g. a producer without a DLPack code for its dtype (some torch / JAX versions and fp8)
+        alt = _byte_view_of_torch_fp8(obj)
+        if alt is not None:
+            return _relabel(as_view(alt, name, stream=stream), obj)
         raise ValueError(f"{name} cannot be exported through DLPack: {type(exc).__name__}: {exc}") from exc
     shape = tuple(v.shape)
     try:
@@ -178,6 +181,9 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
     try:
         v_strides = v.strides
     except TypeError as exc:  # a consumer that derives element strides from a dtype it cannot parse
+        alt = _byte_view_of_torch_fp8(obj)
+        if alt is not None:
+            return _relabel(as_view(alt, name, stream=stream), obj)
         raise ValueError(f"{name} cannot be read through DLPack (dtype {dt}): {exc}") from exc
     if v_strides is None:
         strides, acc = [], 1
@@ -188,6 +194,21 @@ def as_view(obj: Any, name: str, *, stream: int | None = None, dtype: str | None
     else:
         strides = tuple(v_strides)
     return TensorView(obj, name, v.ptr, shape, strides, dt, itemsize, dev_id, framework_of(obj))
+
+
+def _byte_view_of_torch_fp8(obj: Any) -> Any:
+    """A torch float8 tensor as a uint8 view of the same bytes (torch's own ``view(dtype)``: no copy,
+    same strides), for DLPack consumers that cannot take the float8 codes; None for anything else.
+    torch is the caller's: it is in sys.modules whenever obj is a torch tensor."""
+    torch = sys.modules.get("torch")
+    if torch is None or framework_of(obj) != "torch" or not str(getattr(obj, "dtype", "")).startswith("torch.float8"):
+        return None
+    return obj.view(torch.uint8)
+
+
+def _relabel(v: TensorView, obj: Any) -> TensorView:
+    """``v`` (read from a uint8 view) with the original object and its float8 dtype name."""
+    return TensorView(obj, v.name, v.ptr, v.shape, v.strides, _dtype_name(obj.dtype), 1, v.device, v.framework)
 
 
 def _np_dtype(dtype: str):
