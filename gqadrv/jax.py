@@ -64,6 +64,38 @@ def _static_float(name: str, v: Any) -> float | None:
 _KDL_CUDA = 2
 
 
+def _fp8_statics(kv_dtype: Any, k_scale: Any, v_scale: Any) -> tuple[tuple, tuple]:
+    """FP8 options split into the static part of a callable's key ((kv_dtype, k number, v number,
+    k is an array, v is an array)) and the array operands (device scales, in k, v order)."""
+    kd = None if kv_dtype is None else str(kv_dtype).replace("jnp.", "")
+    arrays = []
+    nums: list = []
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None or isinstance(x, (int, float)) and not isinstance(x, bool):
+            nums.append(_static_float(name, x))
+        else:
+            nums.append(None)
+            arrays.append(x)
+    flags = (k_scale is not None and nums[0] is None, v_scale is not None and nums[1] is None)
+    return (kd, nums[0], nums[1]) + flags, tuple(arrays)
+
+
+def _fp8_kwargs(static: tuple, scale_arrays: tuple) -> dict:
+    """The library's FP8 keywords inside a callback: numbers from the key, arrays from the operands."""
+    kd, kn, vn, k_arr, v_arr = static
+    arrays = list(scale_arrays)
+    kw: dict = {}
+    if kd is not None:
+        kw["kv_dtype"] = kd
+    k = arrays.pop(0) if k_arr else kn
+    v = arrays.pop(0) if v_arr else vn
+    if k is not None:
+        kw["k_scale"] = k
+    if v is not None:
+        kw["v_scale"] = v
+    return kw
+
+
 def _sds(shape: tuple[int, ...], dtype: Any) -> Any:
     """The output type of a callback (``jax.ShapeDtypeStruct``)."""
     return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
@@ -99,37 +131,44 @@ def _gqa_callable(shape: tuple[int, ...], dtype: Any, q_scale: float, sm_scale: 
 
 @functools.lru_cache(maxsize=_CACHE)
 def _gqa_lse_callable(shape: tuple[int, ...], dtype: Any, q_scale: float, sm_scale: float | None,
-                      deterministic: bool, backend: str | None) -> Callable[..., Any]:
-    """gqa_decode with the LSE output (and/or the batch-invariant mode): two outputs."""
+                      deterministic: bool, backend: str | None, fp8: tuple = (None, None, None, False, False)
+                      ) -> Callable[..., Any]:
+    """gqa_decode with the LSE output (and/or the batch-invariant mode, an FP8 cache): two outputs;
+    device FP8 scales are extra operands after the lengths."""
     scale_kw = {} if sm_scale is None else {"sm_scale": sm_scale}
 
-    def run(ctx: Any, outs: Any, q: Any, kv: Any, lengths: Any) -> None:
+    def run(ctx: Any, outs: Any, q: Any, kv: Any, lengths: Any, *scales: Any) -> None:
         out, lse = outs
         stream, ordinal = _cuda_target(ctx, q)
         with device_scope(ordinal):
             _gqa_decode(q, kv, lengths, out=out, lse=lse, q_scale=q_scale, deterministic=deterministic,
-                        stream=stream, backend=backend, **scale_kw)  # type: ignore[arg-type]
+                        stream=stream, backend=backend, **scale_kw,  # type: ignore[arg-type]
+                        **_fp8_kwargs(fp8, scales))
 
     return cast("Callable[..., Any]", buffer_callback(run, (_sds(shape, dtype), _sds(shape[:-1], jnp.float32))))
 
 
 def gqa_decode(q: jax.Array, kv: jax.Array, sequence_lengths: jax.Array, *, q_scale: float = 1.0,
                sm_scale: float | None = None, backend: str | None = None, return_lse: bool = False,
-               deterministic: bool = False) -> Any:
+               deterministic: bool = False, kv_dtype: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
     """``gqadrv.gqa_decode`` as an XLA custom call (usable under ``jax.jit``, ``lax.scan``, ...).
 
     q [B, Hq, D] or [B, s_q, Hq, D], kv [B, 2, Hkv, C, D], sequence_lengths int32 [B]; returns a new
     JAX array of q's shape and dtype, and with ``return_lse=True`` also the fp32 LSE [B, Hq] /
     [B, s_q, Hq]. Softmax scale ``q_scale / sqrt(D)``, or the absolute ``sm_scale`` (forwarded only
-    when not None). ``return_lse`` and ``deterministic`` are static.
+    when not None). ``return_lse`` and ``deterministic`` are static. FP8 caches: uint8 codes with
+    ``kv_dtype='e4m3'`` (static) or a float8_e4m3fn kv; ``k_scale`` / ``v_scale`` static numbers or
+    float32 arrays () / (1,) / (Hkv,) (operands: they may change between calls under jit).
     """
     if jnp.ndim(q) not in (3, 4) or jnp.ndim(kv) != 5:
         raise ValueError(f"gqadrv.jax.gqa_decode expects q [B, Hq, D] or [B, s_q, Hq, D] and kv [B, 2, Hkv, C, D], "
                          f"got q of rank {jnp.ndim(q)} and kv of rank {jnp.ndim(kv)}")
     qs, sm = _static_float("q_scale", q_scale), _static_float("sm_scale", sm_scale)
-    if return_lse or deterministic or jnp.ndim(q) == 4:
-        fn = _gqa_lse_callable(tuple(q.shape), jnp.dtype(q.dtype), qs, sm, bool(deterministic), backend)
-        out, lse = fn(q, kv, sequence_lengths)
+    fp8, scale_arrays = _fp8_statics(kv_dtype, k_scale, v_scale)
+    is_fp8 = fp8 != (None, None, None, False, False) or "float8" in str(kv.dtype)
+    if return_lse or deterministic or jnp.ndim(q) == 4 or is_fp8:
+        fn = _gqa_lse_callable(tuple(q.shape), jnp.dtype(q.dtype), qs, sm, bool(deterministic), backend, fp8)
+        out, lse = fn(q, kv, sequence_lengths, *scale_arrays)
         return (out, lse) if return_lse else out
     fn = _gqa_callable(tuple(q.shape), jnp.dtype(q.dtype), qs, sm, backend)
     return fn(q, kv, sequence_lengths)
@@ -139,22 +178,22 @@ def gqa_decode(q: jax.Array, kv: jax.Array, sequence_lengths: jax.Array, *, q_sc
 @functools.lru_cache(maxsize=_CACHE)
 def _paged_callable(shape: tuple[int, ...], dtype: Any, combined: bool, kv_layout: str, q_scale: float,
                     sm_scale: float | None, deterministic: bool, num_splits: int | None,
-                    backend: str | None) -> Callable[..., Any]:
+                    backend: str | None, fp8: tuple = (None, None, None, False, False)) -> Callable[..., Any]:
     scale_kw = {} if sm_scale is None else {"sm_scale": sm_scale}
 
-    def launch(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any) -> None:
+    def launch(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any, scales: tuple) -> None:
         out, lse = outs
         stream, ordinal = _cuda_target(ctx, q)
         with device_scope(ordinal):
             _gqa_decode_paged(q, k, v, table, lens, kv_layout=kv_layout, out=out, lse=lse, q_scale=q_scale,
                               deterministic=deterministic, num_splits=num_splits, stream=stream,
-                              backend=backend, **scale_kw)  # type: ignore[arg-type]
+                              backend=backend, **scale_kw, **_fp8_kwargs(fp8, scales))  # type: ignore[arg-type]
 
-    def run_combined(ctx: Any, outs: Any, q: Any, k: Any, table: Any, lens: Any) -> None:
-        launch(ctx, outs, q, k, None, table, lens)
+    def run_combined(ctx: Any, outs: Any, q: Any, k: Any, table: Any, lens: Any, *scales: Any) -> None:
+        launch(ctx, outs, q, k, None, table, lens, scales)
 
-    def run_separate(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any) -> None:
-        launch(ctx, outs, q, k, v, table, lens)
+    def run_separate(ctx: Any, outs: Any, q: Any, k: Any, v: Any, table: Any, lens: Any, *scales: Any) -> None:
+        launch(ctx, outs, q, k, v, table, lens, scales)
 
     result = (_sds(shape, dtype), _sds(shape[:-1], jnp.float32))
     return cast("Callable[..., Any]", buffer_callback(run_combined if combined else run_separate, result))
@@ -163,19 +202,23 @@ def _paged_callable(shape: tuple[int, ...], dtype: Any, combined: bool, kv_layou
 def gqa_decode_paged(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array | None, block_table: jax.Array,
                      seq_lens: jax.Array, *, kv_layout: str = "NHD", q_scale: float = 1.0,
                      sm_scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
-                     num_splits: int | None = None, backend: str | None = None) -> Any:
+                     num_splits: int | None = None, backend: str | None = None, kv_dtype: Any = None,
+                     k_scale: Any = None, v_scale: Any = None) -> Any:
     """``gqadrv.gqa_decode_paged`` as an XLA custom call: new out (q's shape) and, with
     ``return_lse=True``, the fp32 LSE. Tables and lengths are read on the device (one compilation
-    serves every value); ``kv_layout``, the scales, ``deterministic`` and ``num_splits`` are static."""
+    serves every value); ``kv_layout``, the scales, ``deterministic`` and ``num_splits`` are static.
+    FP8 pages: uint8 codes with ``kv_dtype='e4m3'`` (static) or float8_e4m3fn pages; ``k_scale`` /
+    ``v_scale`` static numbers or float32 arrays () / (1,) / (Hkv,) (operands)."""
     if jnp.ndim(q) not in (3, 4):
         raise ValueError(f"gqadrv.jax.gqa_decode_paged expects q [B, Hq, D] or [B, s_q, Hq, D], got rank {jnp.ndim(q)}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
         raise TypeError(f"num_splits must be None or a static int, got {type(num_splits).__name__}")
+    fp8, scale_arrays = _fp8_statics(kv_dtype, k_scale, v_scale)
     fn = _paged_callable(tuple(q.shape), jnp.dtype(q.dtype), v_cache is None, str(kv_layout),
                          _static_float("q_scale", q_scale), _static_float("sm_scale", sm_scale), bool(deterministic),
-                         num_splits, backend)
+                         num_splits, backend, fp8)
     args = (q, k_cache, block_table, seq_lens) if v_cache is None else (q, k_cache, v_cache, block_table, seq_lens)
-    out, lse = fn(*args)
+    out, lse = fn(*args, *scale_arrays)
     return (out, lse) if return_lse else out
 
 

@@ -50,10 +50,14 @@ NAMESPACE = "gqadrv"
 MLA_LSE_DTYPE = torch.float32
 
 _GQA_SCHEMA = "(Tensor q, Tensor kv, Tensor sequence_lengths, float q_scale, float? sm_scale, str? backend) -> Tensor"
+# FP8 caches: kv_dtype ('e4m3' for uint8 / int8 codes; None for float8_e4m3fn or fp16 / bf16 caches)
+# and each scale as a number (k_scale_f) or a float32 tensor (k_scale_t), at most one of the two
+_FP8_ARGS = "str? kv_dtype=None, float? k_scale_f=None, float? v_scale_f=None, Tensor? k_scale_t=None, Tensor? v_scale_t=None"
 _GQA_LSE_SCHEMA = ("(Tensor q, Tensor kv, Tensor sequence_lengths, float q_scale, float? sm_scale, bool deterministic, "
-                   "str? backend) -> (Tensor, Tensor)")
+                   f"str? backend, {_FP8_ARGS}) -> (Tensor, Tensor)")
 _PAGED_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor block_table, Tensor seq_lens, str kv_layout, "
-                 "float q_scale, float? sm_scale, bool deterministic, int? num_splits, str? backend) -> (Tensor, Tensor)")
+                 f"float q_scale, float? sm_scale, bool deterministic, int? num_splits, str? backend, {_FP8_ARGS}) "
+                 "-> (Tensor, Tensor)")
 _MERGE_PAIR_SCHEMA = "(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b) -> (Tensor, Tensor)"
 _MERGE_STACKED_SCHEMA = "(Tensor v, Tensor s) -> (Tensor, Tensor)"
 _MLA_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, int? num_splits, "
@@ -95,6 +99,38 @@ def _check_gqa_ranks(op: str, q: torch.Tensor, kv: torch.Tensor) -> None:
                          f"rank {q.dim()} and kv of rank {kv.dim()}")
 
 
+def _fp8_kwargs(kv_dtype: str | None, k_scale_f: float | None, v_scale_f: float | None,
+                k_scale_t: torch.Tensor | None, v_scale_t: torch.Tensor | None) -> dict:
+    """The FP8 keywords of the library call (nothing for an fp16 / bf16 cache)."""
+    kw: dict = {}
+    if kv_dtype is not None:
+        kw["kv_dtype"] = kv_dtype
+    k = k_scale_t.detach() if k_scale_t is not None else k_scale_f
+    v = v_scale_t.detach() if v_scale_t is not None else v_scale_f
+    if k is not None:
+        kw["k_scale"] = k
+    if v is not None:
+        kw["v_scale"] = v
+    return kw
+
+
+def _fp8_op_args(kv_dtype: Any, k_scale: Any, v_scale: Any) -> tuple:
+    """(kv_dtype, k_scale_f, v_scale_f, k_scale_t, v_scale_t) for the op from the wrapper's keywords:
+    a scale is a number or a tensor; kv_dtype a string or a torch dtype spelling e4m3fn."""
+    kd = None if kv_dtype is None else str(kv_dtype).replace("torch.", "")
+
+    def split(x: Any) -> tuple[float | None, torch.Tensor | None]:
+        if x is None:
+            return None, None
+        if isinstance(x, torch.Tensor):
+            return None, x
+        return float(x), None
+
+    kf, kt = split(k_scale)
+    vf, vt = split(v_scale)
+    return kd, kf, vf, kt, vt
+
+
 def _lse_shape(q: torch.Tensor) -> tuple[int, ...]:
     """[B, s_q, Hq] for a 4-D q, [B, Hq] for a 3-D q."""
     return tuple(q.shape[:-1])
@@ -103,27 +139,31 @@ def _lse_shape(q: torch.Tensor) -> tuple[int, ...]:
 @torch.library.custom_op(f"{NAMESPACE}::gqa_decode_lse", mutates_args=(), device_types="cuda",
                          schema=_GQA_LSE_SCHEMA)
 def _gqa_decode_lse_op(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, q_scale: float,
-                       sm_scale: float | None, deterministic: bool,
-                       backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                       sm_scale: float | None, deterministic: bool, backend: str | None, kv_dtype: str | None = None,
+                       k_scale_f: float | None = None, v_scale_f: float | None = None,
+                       k_scale_t: torch.Tensor | None = None,
+                       v_scale_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     _gqa_decode(q.detach(), kv.detach(), sequence_lengths.detach(), out=out, lse=lse, q_scale=q_scale,
                 deterministic=deterministic, stream=_stream(q), backend=backend,  # type: ignore[arg-type]
-                **_scale_kwargs(sm_scale))
+                **_scale_kwargs(sm_scale), **_fp8_kwargs(kv_dtype, k_scale_f, v_scale_f, k_scale_t, v_scale_t))
     return out, lse
 
 
 @_gqa_decode_lse_op.register_fake
 def _gqa_decode_lse_fake(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, q_scale: float,
-                         sm_scale: float | None, deterministic: bool,
-                         backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                         sm_scale: float | None, deterministic: bool, backend: str | None,
+                         kv_dtype: str | None = None, k_scale_f: float | None = None,
+                         v_scale_f: float | None = None, k_scale_t: torch.Tensor | None = None,
+                         v_scale_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     _check_gqa_ranks("gqa_decode_lse", q, kv)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
 def gqa_decode(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor, *, q_scale: float = 1.0,
                sm_scale: float | None = None, backend: str | None = None, return_lse: bool = False,
-               deterministic: bool = False) -> Any:
+               deterministic: bool = False, kv_dtype: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
     """``gqadrv.gqa_decode`` as the custom op ``torch.ops.gqadrv.gqa_decode`` (or
     ``gqadrv::gqa_decode_lse`` with ``return_lse`` / ``deterministic``), traceable by
     ``torch.compile(fullgraph=True)`` and capturable by ``torch.cuda.graph``.
@@ -132,11 +172,14 @@ def gqa_decode(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor
     device). Returns a new tensor of q's shape and dtype, allocated by torch and written on torch's
     current stream, and with ``return_lse=True`` also the fp32 LSE [B, Hq] / [B, s_q, Hq]. Softmax
     scale: ``q_scale / sqrt(D)``, or ``sm_scale`` (absolute; forwarded only when not None).
+    FP8 caches (kv float8_e4m3fn, or uint8 codes with ``kv_dtype='e4m3'``; ``k_scale`` / ``v_scale`` a
+    number or a float32 tensor () / (1,) / (Hkv,)) take ``gqadrv::gqa_decode_lse``.
     """
     sm = None if sm_scale is None else float(sm_scale)
-    if return_lse or deterministic:
+    fp8 = kv_dtype is not None or k_scale is not None or v_scale is not None or str(kv.dtype).startswith("torch.float8")
+    if return_lse or deterministic or fp8:
         out, lse = torch.ops.gqadrv.gqa_decode_lse(q, kv, sequence_lengths, float(q_scale), sm, bool(deterministic),
-                                                   backend)
+                                                   backend, *_fp8_op_args(kv_dtype, k_scale, v_scale))
         return (out, lse) if return_lse else out
     res: torch.Tensor = torch.ops.gqadrv.gqa_decode(q, kv, sequence_lengths, float(q_scale), sm, backend)
     return res
@@ -148,13 +191,16 @@ def gqa_decode(q: torch.Tensor, kv: torch.Tensor, sequence_lengths: torch.Tensor
 def _gqa_decode_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
                          block_table: torch.Tensor, seq_lens: torch.Tensor, kv_layout: str, q_scale: float,
                          sm_scale: float | None, deterministic: bool, num_splits: int | None,
-                         backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                         backend: str | None, kv_dtype: str | None = None, k_scale_f: float | None = None,
+                         v_scale_f: float | None = None, k_scale_t: torch.Tensor | None = None,
+                         v_scale_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     _gqa_decode_paged(q.detach(), k_cache.detach(), None if v_cache is None else v_cache.detach(),
                       block_table.detach(), seq_lens.detach(), kv_layout=kv_layout, out=out, lse=lse,
                       q_scale=q_scale, deterministic=deterministic, num_splits=num_splits, stream=_stream(q),
-                      backend=backend, **_scale_kwargs(sm_scale))  # type: ignore[arg-type]
+                      backend=backend, **_scale_kwargs(sm_scale),  # type: ignore[arg-type]
+                      **_fp8_kwargs(kv_dtype, k_scale_f, v_scale_f, k_scale_t, v_scale_t))
     return out, lse
 
 
@@ -162,7 +208,9 @@ def _gqa_decode_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 def _gqa_decode_paged_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, kv_layout: str, q_scale: float,
                            sm_scale: float | None, deterministic: bool, num_splits: int | None,
-                           backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                           backend: str | None, kv_dtype: str | None = None, k_scale_f: float | None = None,
+                           v_scale_f: float | None = None, k_scale_t: torch.Tensor | None = None,
+                           v_scale_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if q.dim() not in (3, 4) or k_cache.dim() not in (4, 5):
         raise ValueError(f"gqadrv::gqa_decode_paged expects q [B, Hq, D] or [B, s_q, Hq, D] and a 4-D (or combined "
                          f"5-D) k_cache, got ranks {q.dim()} and {k_cache.dim()}")
@@ -172,13 +220,17 @@ def _gqa_decode_paged_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def gqa_decode_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, kv_layout: str = "NHD", q_scale: float = 1.0,
                      sm_scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
-                     num_splits: int | None = None, backend: str | None = None) -> Any:
+                     num_splits: int | None = None, backend: str | None = None, kv_dtype: Any = None,
+                     k_scale: Any = None, v_scale: Any = None) -> Any:
     """``gqadrv.gqa_decode_paged`` as the custom op ``torch.ops.gqadrv.gqa_decode_paged``: returns
-    a new out (q's shape) and, with ``return_lse=True``, the fp32 LSE (the op always computes it)."""
+    a new out (q's shape) and, with ``return_lse=True``, the fp32 LSE (the op always computes it).
+    FP8 caches: float8_e4m3fn pages, or uint8 codes with ``kv_dtype='e4m3'``; ``k_scale`` /
+    ``v_scale`` numbers or float32 tensors () / (1,) / (Hkv,) (read on the device: graph replays
+    follow in-place updates)."""
     out, lse = torch.ops.gqadrv.gqa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, str(kv_layout),
                                                  float(q_scale), None if sm_scale is None else float(sm_scale),
                                                  bool(deterministic), None if num_splits is None else int(num_splits),
-                                                 backend)
+                                                 backend, *_fp8_op_args(kv_dtype, k_scale, v_scale))
     return (out, lse) if return_lse else out
 
 

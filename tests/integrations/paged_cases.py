@@ -26,6 +26,20 @@ def paged_inputs(seed: int, *, combined: bool = False):
     return q, kc, vc, bt
 
 
+def fp8_paged_inputs(seed: int):
+    """paged_inputs with K / V as e4m3 codes (uint8, NaN poison kept as the NaN code) and per-KV-head
+    scales: (q, k codes, v codes, table, k scales [HKV], v scales [HKV], dequantized k, v for the oracle)."""
+    from gqadrv.ops.fp8 import e4m3_from_f32, e4m3_to_f32
+
+    q, kc, vc, bt = paged_inputs(seed)
+    rng = np.random.default_rng(seed + 1)
+    ks = rng.uniform(0.005, 0.02, HKV).astype(np.float32)
+    vs = rng.uniform(0.005, 0.02, HKV).astype(np.float32)
+    k8 = e4m3_from_f32(kc.astype(np.float32) / ks[:, None])   # NHD [pages, page, HKV, D]
+    v8 = e4m3_from_f32(vc.astype(np.float32) / vs[:, None])
+    return q, k8, v8, bt, ks, vs, e4m3_to_f32(k8) * ks[:, None], e4m3_to_f32(v8) * vs[:, None]
+
+
 def paged_ref(q, kc, vc, bt, lengths, q_scale):
     return gqa_decode_paged_reference(q, kc, vc, bt, np.array(lengths, np.int32), q_scale=q_scale)
 

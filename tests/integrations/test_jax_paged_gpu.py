@@ -12,6 +12,7 @@ import pytest
 from tests.integrations.paged_cases import (
     PAGED_LENGTHS,
     check_paged,
+    fp8_paged_inputs,
     merge_inputs,
     paged_inputs,
     paged_ref,
@@ -79,3 +80,25 @@ def test_merge_under_jit():
     pv, ps = jax.jit(gj.merge_state)(jnp.asarray(v[:, 0]), jnp.asarray(s[:, 0]), jnp.asarray(v[:, 1]),
                                      jnp.asarray(s[:, 1]))
     assert pv.shape == (6, 4, 64) and ps.shape == (6, 4)
+
+
+def test_fp8_paged_jit_with_changing_lengths_and_scales():
+    """uint8 e4m3 pages (kv_dtype='e4m3', static) with per-head scale arrays as operands: one jit
+    compilation serves changing lengths and scales; results match the oracle on the dequantized cache."""
+    q, k8, v8, bt, ks, vs, kd, vd = fp8_paged_inputs(43)
+    jq, jk, jv, jb = jnp.asarray(q), jnp.asarray(k8), jnp.asarray(v8), jnp.asarray(bt)
+    f = jax.jit(lambda q, k, v, b, l, ksc, vsc: gj.gqa_decode_paged(q, k, v, b, l, q_scale=Q_SCALE, return_lse=True,
+                                                                    kv_dtype="e4m3", k_scale=ksc, v_scale=vsc))
+    for i, lengths in enumerate(PAGED_LENGTHS):
+        new_ks = ks * (1.0 + 0.5 * i)
+        out, lse = f(jq, jk, jv, jb, jnp.asarray(np.array(lengths, np.int32)), jnp.asarray(new_ks), jnp.asarray(vs))
+        ref = paged_ref(q, kd / ks[:, None] * new_ks[:, None], vd, bt, lengths, Q_SCALE)
+        check_paged(np.asarray(out), np.asarray(lse), ref, f"jax fp8 jit {lengths}")
+    compiled_once(f)
+    # host-number scales are static
+    out, lse = gj.gqa_decode_paged(jq, jk, jv, jb, jnp.asarray(np.array(PAGED_LENGTHS[0], np.int32)),
+                                   q_scale=Q_SCALE, return_lse=True, kv_dtype="e4m3", k_scale=float(ks[0]),
+                                   v_scale=float(vs[0]))
+    ks0, vs0 = np.full_like(ks, ks[0]), np.full_like(vs, vs[0])
+    ref = paged_ref(q, kd / ks[:, None] * ks0[:, None], vd / vs[:, None] * vs0[:, None], bt, PAGED_LENGTHS[0], Q_SCALE)
+    check_paged(np.asarray(out), np.asarray(lse), ref, "jax fp8 host scales")

@@ -10,6 +10,7 @@ import pytest
 from tests.integrations.paged_cases import (
     PAGED_LENGTHS,
     check_paged,
+    fp8_paged_inputs,
     merge_inputs,
     paged_inputs,
     paged_ref,
@@ -147,3 +148,49 @@ def test_paged_cuda_graph_replays_with_changed_lengths():
         g.replay()
         torch.cuda.synchronize()
         check_paged(host(out), host(lse), paged_ref(q, kc, vc, bt, lengths, Q_SCALE), f"torch graph {lengths}")
+
+
+def test_fp8_paged_compiled_and_graph_follow_scales_and_lengths():
+    """uint8 e4m3 pages with kv_dtype='e4m3' and per-head scale tensors: eager = compiled (no graph
+    break) = oracle on the dequantized cache; a torch.cuda.graph replay follows in-place updates of
+    the lengths and of the V scales."""
+    q, k8, v8, bt, ks, vs, kd, vd = fp8_paged_inputs(41)
+    tq, tk, tv, tb, tl = dev(q), dev(k8), dev(v8), dev(bt), lens(PAGED_LENGTHS[0])
+    tks, tvs = dev(ks), dev(vs)
+
+    def step(q, k, v, b, l, ksc, vsc):
+        return gt.gqa_decode_paged(q, k, v, b, l, q_scale=Q_SCALE, return_lse=True, kv_dtype="e4m3",
+                                   k_scale=ksc, v_scale=vsc)
+
+    compiled, graphs, counters = graph_breaks_and_graphs(step)
+    for lengths in PAGED_LENGTHS:
+        tl.copy_(lens(lengths))
+        eo, el = step(tq, tk, tv, tb, tl, tks, tvs)
+        co, cl = compiled(tq, tk, tv, tb, tl, tks, tvs)
+        ref = paged_ref(q, kd, vd, bt, lengths, Q_SCALE)
+        check_paged(host(eo), host(el), ref, "torch fp8 paged eager")
+        assert torch.equal(co, eo) and torch.equal(cl, el)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert len(graphs) == 1
+    # float8_e4m3fn pages (no kv_dtype) and host-number scales give the same output
+    f8 = getattr(torch, "float8_e4m3fn", None)
+    if f8 is not None:
+        o8, _ = gt.gqa_decode_paged(tq, tk.view(f8), tv.view(f8), tb, tl, q_scale=Q_SCALE, return_lse=True,
+                                    k_scale=tks, v_scale=tvs)
+        assert torch.equal(o8, eo)
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(tq, tk, tv, tb, tl, tks, tvs)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        out, lse = step(tq, tk, tv, tb, tl, tks, tvs)
+    for i, lengths in enumerate(PAGED_LENGTHS):
+        tl.copy_(lens(lengths))
+        new_vs = vs * (1.0 + i)
+        tvs.copy_(dev(new_vs))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = paged_ref(q, kd, vd / vs[:, None] * new_vs[:, None], bt, lengths, Q_SCALE)
+        check_paged(host(out), host(lse), ref, f"torch fp8 graph {lengths}")
