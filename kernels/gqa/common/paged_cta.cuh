@@ -9,10 +9,12 @@
 #pragma once
 #include "paged_args.cuh"
 #include "cta.cuh"
+#include "warp_t8.cuh"
 
-template <int DT, int D, int ROWS, int TOK, bool KV8>
-GQADRV_DEVICE void paged_load_q(WarpDecoder<DT, D, ROWS, TOK, true, KV8>& dec, const GqaPagedArgs& a,
-                                const PagedSchedule& sc, int lane) {
+template <class Dec>
+GQADRV_DEVICE void paged_load_q(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane) {
+  constexpr int D = Dec::DIM, ROWS = Dec::NROWS;
+  constexpr bool KV8 = Dec::IS_KV8;
   const int hq = a.hkv * a.group;
   const int row0 = sc.rb * ROWS;
   auto q_row = [&](int r) -> const u16* {
@@ -71,10 +73,10 @@ GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& 
 
 // Called by all W * 32 threads after every warp's last step (no copy in flight). `bad` = this
 // lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory.
-template <int W, int DT, int D, int ROWS, int TOK, bool KV8>
-GQADRV_DEVICE void paged_cta_tail(WarpDecoder<DT, D, ROWS, TOK, true, KV8>& dec, const GqaPagedArgs& a,
-                                  const PagedSchedule& sc, u8* smem, u32* s_ticket, u32* s_bad, bool bad,
-                                  int warp, int lane) {
+template <int W, class Dec>
+GQADRV_DEVICE void paged_cta_tail(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, u8* smem, u32* s_ticket,
+                                  u32* s_bad, bool bad, int warp, int lane) {
+  constexpr int DT = Dec::DTYPE, D = Dec::DIM, ROWS = Dec::NROWS;
   {
     const bool any_bad = __any_sync(0xffffffffu, bad);
     if (lane == 0) s_bad[warp] = any_bad ? 1u : 0u;

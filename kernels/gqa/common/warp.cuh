@@ -98,6 +98,8 @@ struct WarpDecoder {
   static constexpr int BOX_BYTES = TOK * 128;
   // K part of a shared-memory slot (V follows): D/64 (fp16/bf16) or max(1, D/128) (e4m3) boxes
   static constexpr int KV_BYTES = KV8 ? (D < 128 ? 128 : D) * TOK : D * TOK * 2;
+  static constexpr int DTYPE = DT, DIM = D, NROWS = ROWS;  // for code templated on the decoder type
+  static constexpr bool IS_KV8 = KV8;
   static constexpr int MDT = KV8 ? 0 : DT;  // MMA input type: the query's, or fp16 for e4m3 caches
   static constexpr int NP8 = D / 64;        // KV8: 16-byte K chunks per lane and token row
   static constexpr bool K_CVT = KV8 && GQA_KV8_CVT >= 1;  // K codes by cvt (exact) or integer ops (* 2^-8)
