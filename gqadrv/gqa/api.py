@@ -155,25 +155,25 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
 def gqa_decode(q: ArrayT, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
-               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-               v_scale: Any = None) -> ArrayT: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+               v_scale: float | DLPackArray | None = None) -> ArrayT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: OutT, q_scale: float = 1.0,
                sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: None = None, return_lse: Literal[False] = False,
-               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-               v_scale: Any = None) -> OutT: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+               v_scale: float | DLPackArray | None = None) -> OutT: ...
 @overload
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
-               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-               v_scale: Any = None) -> tuple[Any, Any]: ...
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+               v_scale: float | DLPackArray | None = None) -> tuple[Any, Any]: ...
 def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *, out: DLPackArray | None = None,
                q_scale: float = 1.0, sm_scale: float | None = None, stream: StreamLike | None = None,
                backend: Backend | None = None, lse: DLPackArray | None = None, return_lse: bool = False,
-               deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-               v_scale: Any = None) -> Any:
+               deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+               v_scale: float | DLPackArray | None = None) -> Any:
     """GQA decode from a contiguous cache.
 
     q [B, Hq, D] (one query token) or [B, s_q, Hq, D] (s_q 1..16: query token j sees keys
@@ -312,29 +312,29 @@ def _inputs_from_dict(inputs: Any, Q, KV, O, sequence_lengths, q_scale, sm_scale
 def prepare_gqa_decode(inputs: dict[str, Any], *, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray | None = None,
-                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-                       v_scale: Any = None) -> PreparedGqaDecode[Any]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                       v_scale: float | DLPackArray | None = None) -> PreparedGqaDecode[Any]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: OutT,
                        sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: None = None,
-                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-                       v_scale: Any = None) -> PreparedGqaDecode[OutT]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                       v_scale: float | DLPackArray | None = None) -> PreparedGqaDecode[OutT]: ...
 @overload
 def prepare_gqa_decode(inputs: None = None, *, Q: DLPackArray, KV: DLPackArray, O: DLPackArray,
                        sequence_lengths: DLPackArray, q_scale: float | None = None, sm_scale: float | None = None,
                        num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray,
-                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-                       v_scale: Any = None) -> PreparedGqaDecode[tuple[Any, Any]]: ...
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                       v_scale: float | DLPackArray | None = None) -> PreparedGqaDecode[tuple[Any, Any]]: ...
 def prepare_gqa_decode(inputs: dict[str, Any] | None = None, *, Q: DLPackArray | None = None,
                        KV: DLPackArray | None = None, O: DLPackArray | None = None,
                        sequence_lengths: DLPackArray | None = None, q_scale: float | None = None,
                        sm_scale: float | None = None, num_splits: int | None = None, stream: StreamLike | None = None,
                        backend: Backend | None = None, LSE: DLPackArray | None = None,
-                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: Any = None,
-                       v_scale: Any = None) -> PreparedGqaDecode[Any]:
+                       deterministic: bool = False, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                       v_scale: float | DLPackArray | None = None) -> PreparedGqaDecode[Any]:
     """Validate, route, compile, allocate the workspace, encode tensor maps and pack the launch once.
 
     ``inputs`` is the seed's dict {"Q", "KV", "O", "sequence_lengths", optional "q_scale" or

@@ -257,28 +257,28 @@ def gqa_decode_paged(q: ArrayT, k_cache: DLPackArray, v_cache: DLPackArray | Non
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: None = None, lse: None = None,
                      return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
                      deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
-                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
-                     v_scale: Any = None) -> ArrayT: ...
+                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                     v_scale: float | DLPackArray | None = None) -> ArrayT: ...
 @overload
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: OutT, lse: None = None,
                      return_lse: Literal[False] = False, q_scale: float = 1.0, sm_scale: float | None = None,
                      deterministic: bool = False, num_splits: int | None = None, stream: StreamLike | None = None,
-                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
-                     v_scale: Any = None) -> OutT: ...
+                     backend: Backend | None = None, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                     v_scale: float | DLPackArray | None = None) -> OutT: ...
 @overload
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
                      lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
                      sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
                      stream: StreamLike | None = None, backend: Backend | None = None, kv_dtype: str | None = None,
-                     k_scale: Any = None, v_scale: Any = None) -> tuple[Any, Any]: ...
+                     k_scale: float | DLPackArray | None = None, v_scale: float | DLPackArray | None = None) -> tuple[Any, Any]: ...
 def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray | None, block_table: DLPackArray,
                      seq_lens: DLPackArray, *, kv_layout: str = "NHD", out: DLPackArray | None = None,
                      lse: DLPackArray | None = None, return_lse: bool = False, q_scale: float = 1.0,
                      sm_scale: float | None = None, deterministic: bool = False, num_splits: int | None = None,
                      stream: StreamLike | None = None, backend: Backend | None = None, kv_dtype: str | None = None,
-                     k_scale: Any = None, v_scale: Any = None) -> Any:
+                     k_scale: float | DLPackArray | None = None, v_scale: float | DLPackArray | None = None) -> Any:
     """GQA decode from a paged KV cache.
 
     q [B, Hq, D] or [B, s_q, Hq, D] (s_q 1..16; query token j sees keys [0, L - (s_q - 1 - j)),
@@ -314,7 +314,7 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
 
 def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, return_lse: bool, deterministic: bool,
                       q_scale: Any, sm_scale: Any, stream: Any, backend: Any, kv_dtype: Any = None,
-                      k_scale: Any = None, v_scale: Any = None) -> Any:
+                      k_scale: float | DLPackArray | None = None, v_scale: float | DLPackArray | None = None) -> Any:
     """gqa_decode for a 4-D q, an LSE output, deterministic=True or an FP8 cache (contiguous cache
     as pages)."""
     _check_flags(return_lse, deterministic)
@@ -374,8 +374,8 @@ def prepare_gqa_decode_paged(*, q: DLPackArray, k_cache: DLPackArray, block_tabl
                              lse: DLPackArray | None = None, kv_layout: str = "NHD", q_scale: float | None = None,
                              sm_scale: float | None = None, deterministic: bool = False,
                              num_splits: int | None = None, stream: StreamLike | None = None,
-                             backend: Backend | None = None, kv_dtype: str | None = None, k_scale: Any = None,
-                             v_scale: Any = None) -> PreparedGqaPagedDecode:
+                             backend: Backend | None = None, kv_dtype: str | None = None, k_scale: float | DLPackArray | None = None,
+                             v_scale: float | DLPackArray | None = None) -> PreparedGqaPagedDecode:
     """Validate, route, compile, allocate and pack a paged decode once (arguments as in
     ``gqa_decode_paged``; ``out`` is required, ``lse`` optional). ``launch_prepared(p)`` then
     launches it with no host work (graph-capturable); it reads ``seq_lens``, ``block_table`` and
