@@ -152,7 +152,7 @@ def _gqadrv_runs(shape: Shape, q, kv, lens, timer: Timer, splits_list, backend, 
     import cupy as cp
 
     import gqadrv
-    from .gqa.reference import gqa_decode_reference
+    from .reference import gqa_decode_reference
 
     torch = sys.modules.get("torch")
     use_torch = torch is not None
