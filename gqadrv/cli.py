@@ -27,9 +27,9 @@ exit status:
   0    success
   1    the work failed: a kernel did not compile, spills registers or lacks its ptxas report;
        nothing to compile; a selftest or demo result is wrong; a CUDA driver or file error
-  2    usage: bad arguments or option values (unknown or unsupported --arch, unusable --out,
-       unknown --op, ...), or no usable GPU for a command that needs one (demo, bench,
-       compile --arch auto)
+  2    usage: bad arguments or option values (unknown or unsupported --arch, unusable --out
+       or --plot, unknown --op, an unreadable --from-json, --plot without matplotlib, ...),
+       or no usable GPU for a command that needs one (demo, bench, compile --arch auto)
   3    selftest: the GPU half was skipped because there is no usable GPU (--cpu-only accepts
        a CPU-only check and exits 0 when it passes)
   130  interrupted (Ctrl-C)"""
@@ -65,12 +65,14 @@ def _ops() -> tuple:
 
 def _bench_specs() -> list:
     """The ``bench --op`` choices: each op family's bench spec, then the paged GQA decode bench
-    (``--op gqa_paged``, ``gqa/bench_paged.py``) and its FP8-e4m3 KV form (``--op gqa_fp8``,
-    ``gqa/bench_fp8.py``)."""
+    (``--op gqa_paged``, ``gqa/bench_paged.py``), its FP8-e4m3 KV form (``--op gqa_fp8``,
+    ``gqa/bench_fp8.py``) and the 64-layer decode step in one CUDA graph (``--op gqa_step``,
+    ``gqa/bench_step.py``)."""
     from .gqa.bench_fp8 import SPEC as gqa_fp8
     from .gqa.bench_paged import SPEC as gqa_paged
+    from .gqa.bench_step import SPEC as gqa_step
 
-    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8]
+    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step]
 
 
 def _print_json(obj) -> None:
@@ -452,12 +454,74 @@ def cmd_selftest(args) -> int:
     return EXIT_OK
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _plot_target(text: str) -> Path:
+    """The ``--plot`` file, checked before any work: a .png / .svg / .pdf path in an existing,
+    writable directory, and matplotlib importable (UsageError otherwise)."""
+    from .ops.plot import require_matplotlib
+
+    p = Path(text).expanduser()
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {text}: expected an image file name ending in {', '.join(PLOT_SUFFIXES)}")
+    if p.is_dir():
+        raise UsageError(f"--plot {text}: is a directory")
+    parent = p.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise UsageError(f"--plot {text}: the directory {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"--plot {text}: not writable")
+    try:
+        require_matplotlib()
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    return p
+
+
+def _read_bench_json(text: str) -> dict:
+    """A ``--from-json`` file as a checked bench result (UsageError naming the file otherwise)."""
+    from .ops.plot import check_results
+
+    p = Path(text).expanduser()
+    if not p.exists():
+        raise UsageError(f"--from-json {text}: no such file")
+    if p.is_dir():
+        raise UsageError(f"--from-json {text}: is a directory")
+    try:
+        with open(p) as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--from-json {text}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--from-json {text}: not JSON ({exc})") from None
+    try:
+        return check_results(doc, f"--from-json {text}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_bench(args) -> int:
     for opt in ("graph_calls", "reps"):
         if getattr(args, opt, 1) < 1:
             raise UsageError(f"--{opt.replace('_', '-')} {getattr(args, opt)}: expected a positive count")
     if getattr(args, "ceiling_gib", 1.0) <= 0:
         raise UsageError(f"--ceiling-gib {args.ceiling_gib}: expected a positive size")
+    if args.from_json and not args.plot:
+        raise UsageError("--from-json re-plots saved results: give the image with --plot FILE.png")
+    if args.from_json and args.json:
+        raise UsageError("--json writes a new run's results, --from-json re-plots saved ones: give one of them")
+    plot = _plot_target(args.plot) if args.plot else None
+    if plot is not None:
+        args.plot = str(plot)  # ~ expanded, for ops.bench.run
+    if args.from_json:  # no GPU: draw the saved results and stop
+        from .ops.plot import plot_results
+
+        docs = [_read_bench_json(f) for f in args.from_json]
+        plot_results(docs, plot)
+        print(f"wrote {plot} from {len(docs)} result file(s)")
+        return EXIT_OK
     _require_gpu()
     from .ops.bench import run
 

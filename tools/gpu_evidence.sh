@@ -12,7 +12,10 @@
 # ANCHORS rows), paged_sanitize (memcheck + racecheck over the paged routes and merge_state),
 # integrations (tests/integrations on the GPU: torch.compile, torch graphs, jax.jit, incl. the
 # paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged routes under tuning
-# switches). Default: the GQA steps.
+# switches); step_bench (`bench --op gqa_step`: a 64-layer decode step, a distinct KV cache per
+# layer, in one CUDA graph at B1 / B16 C4096, us per layer for gqadrv and FlashInfer; needs ~35 GB
+# of GPU memory at B16; not yet run on a GPU: with a cold FlashInfer JIT cache its compiles add).
+# Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
@@ -43,6 +46,8 @@ for step in $STEPS; do
                  > "$OUT/paged_bench.txt" 2>&1 ;;
   fp8_bench) python3 -m gqadrv bench --op gqa_fp8 --reps 10 --json "$OUT/fp8_bench.json" \
                > "$OUT/fp8_bench.txt" 2>&1 ;;
+  step_bench) python3 -m gqadrv bench --op gqa_step --reps 10 --json "$OUT/step_bench.json" \
+                > "$OUT/step_bench.txt" 2>&1 ;;
   paged_sanitize) for t in memcheck racecheck; do
                     compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
                       python3 tools/sanitize_routes.py --paged-only > "$OUT/paged_$t.log" 2>&1
@@ -69,5 +74,6 @@ done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
+grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
 cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
 tail -4 "$OUT/integrations.txt" 2>/dev/null

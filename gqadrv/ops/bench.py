@@ -3,7 +3,7 @@ cold (L2 flushed) timers, and the driver loop that runs an op's ``BenchSpec`` an
 
 An op family supplies a ``BenchSpec``: its argparse options, a ``rows(args)`` list of work items,
 ``run_row(item, timer, args) -> dict`` and ``format_table(meta, rows) -> str``. The harness never
-imports an op."""
+imports an op. ``--plot`` draws the run's results after the table (``ops/plot.py``)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=15, help="replays / cold samples per measurement")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--ceiling-gib", type=float, default=8.0, help="buffer size of the streaming-read ceiling")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw the results to this image (.png, .svg or .pdf; needs matplotlib: "
+                        "pip install 'gqadrv[plot]'): seed-shape latency, TB/s vs KV length at B 1/16/128 "
+                        "with the read ceiling, MLA TFLOPS and TB/s")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
+                   help="with --plot: re-plot these saved --json results instead of running (no GPU needed)")
 
 
 class Timer:
@@ -207,4 +213,10 @@ def run(spec: BenchSpec, args) -> int:
     print(spec.format_table(meta, rows))
     if args.json:
         log(f"[bench] wrote {args.json}")
+    plot = getattr(args, "plot", None)
+    if plot:
+        from .plot import plot_results
+
+        plot_results({"meta": meta, "rows": rows}, plot)
+        log(f"[bench] wrote {plot}")
     return 0
