@@ -1,5 +1,6 @@
 // gqadrv — CTA pieces shared by the paged GQA kernels (sm80/decode_paged.cu, cp.async;
 // sm90/decode_paged_tma.cu, TMA):
+//   * PagedDecoder: the warp decoder type of a build,
 //   * paged_load_q: this lane's two query rows of the CTA's row block (row r = j * group + h of the
 //     request's s_q x group rows) into the WarpDecoder, with their causal shifts s_q - 1 - j (e4m3
 //     caches: with the KV head's K / V scales),
@@ -10,6 +11,25 @@
 #include "paged_args.cuh"
 #include "cta.cuh"
 #include "warp_t8.cuh"
+
+// The warp decoder of a paged kernel build: WarpDecoder<..., CAUSAL = true, KV8>, or for e4m3 builds
+// with 8 rows on sm_89+ the transposed WarpDecoderT8 (warp_t8.cuh; H200: 1-3 % faster with half the
+// MMAs). GQA_KV8_T = 0 (development, GQADRV_KV8_T=0) keeps WarpDecoder there.
+#ifndef GQA_KV8_T
+#define GQA_KV8_T 1
+#endif
+template <int DT, int D, int ROWS, int TOK, bool KV8, bool T8 = KV8 && ROWS == 8 && GQA_KV8_T != 0 && GQADRV_FP8_HW>
+struct PagedDecoderSel {
+  using type = WarpDecoder<DT, D, ROWS, TOK, true, KV8>;
+};
+#if GQADRV_FP8_HW
+template <int DT, int D, int ROWS, int TOK, bool KV8>
+struct PagedDecoderSel<DT, D, ROWS, TOK, KV8, true> {
+  using type = WarpDecoderT8<DT, D, TOK, true>;
+};
+#endif
+template <int DT, int D, int ROWS, int TOK, bool KV8>
+using PagedDecoder = typename PagedDecoderSel<DT, D, ROWS, TOK, KV8>::type;
 
 template <class Dec>
 GQADRV_DEVICE void paged_load_q(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane) {

@@ -55,6 +55,96 @@
 #include "../../common/swizzle.cuh"
 #include "../../common/softmax_state.cuh"
 
+// e4m3 decoders (WarpDecoder<..., KV8>, WarpDecoderT8): the 16-byte K chunk (16 dims) a lane of quad
+// position t reads in its p-th load of a token row (the chunk pairs of a 128B swizzle row never share a
+// bank group; D = 64 rows have one chunk per lane).
+template <int D>
+GQADRV_DEVICE int kv8_k_chunk(int p, int t) {
+  return D == 64 ? t : 2 * t + (p & 1) + 8 * (p >> 1);
+}
+
+// e4m3 decoders: query row `row` (null: a padding row, zeros) as fp16 MMA registers in the K-chunk
+// order, k-step 4p + j of chunk kv8_k_chunk(p, t), dims d = 16c + 4j .. d + 3: CVT_PAIRS (the cvt
+// conversion pairs codes (0, 1) / (2, 3)): {q[d], q[d+1]} / {q[d+2], q[d+3]}; else (the integer path
+// pairs (0, 2) / (1, 3)): {q[d], q[d+2]} / {q[d+1], q[d+3]}. bf16 rows are multiplied by 2^k first (k
+// per row: its largest finite |q| to [2^14, 2^15), k in [-100, 100], the max taken over the lane quad),
+// so they fit fp16; returns the row's score scale `rscale` * 2^-k.
+template <int DT, int D, bool CVT_PAIRS, int N>
+GQADRV_DEVICE float load_q8_row(const u16* __restrict__ row, u32 (&qr)[N][2], float rscale, int t) {
+  constexpr int NP8 = D / 64;
+  static_assert(N == 4 * NP8, "one register pair per k-step");
+  float mult = 1.f;
+  if constexpr (DT == 1) {  // bf16: a power of two per row keeps it inside fp16's range
+    float mx = 0.f;
+#pragma unroll
+    for (int p = 0; p < NP8; ++p) {
+      if (!row) break;
+      const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * kv8_k_chunk<D>(p, t));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const U32x4 v = src[h];
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float a, b;
+          unpack2<1>(w[i], a, b);
+          mx = fmaxf(mx, fmaxf(finite_abs(a), finite_abs(b)));
+        }
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    int k = 14 - ((int)(__float_as_uint(mx) >> 23) - 127);  // mx in [2^e, 2^(e+1)) -> 2^k mx in [2^14, 2^15)
+    k = k < -100 ? -100 : (k > 100 ? 100 : k);
+    mult = __uint_as_float((u32)(127 + k) << 23);
+    rscale *= __uint_as_float((u32)(127 - k) << 23);
+  }
+#pragma unroll
+  for (int p = 0; p < NP8; ++p) {
+    u32 w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+    if (row) {
+      const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * kv8_k_chunk<D>(p, t));
+      const U32x4 v0 = src[0], v1 = src[1];
+      w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+      w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // dims 4j .. 4j + 3 of the chunk: w[2j] = (4j, 4j + 1), w[2j + 1]
+      float a, b, c, d;
+      unpack2<DT>(w[2 * j], a, b);
+      unpack2<DT>(w[2 * j + 1], c, d);
+      if constexpr (CVT_PAIRS) {
+        qr[4 * p + j][0] = pack2<0>(a * mult, b * mult);
+        qr[4 * p + j][1] = pack2<0>(c * mult, d * mult);
+      } else {
+        qr[4 * p + j][0] = pack2<0>(a * mult, c * mult);
+        qr[4 * p + j][1] = pack2<0>(b * mult, d * mult);
+      }
+    }
+  }
+  return rscale;
+}
+
+// The V rows a lane's ldmatrix.x4.trans registers hold are tokens (tr, tr + 1) (registers 0 / 2) and
+// (tr + 8, tr + 9) (registers 1 / 3), one per 16-bit half: masks that keep the tokens below `len`.
+GQADRV_DEVICE void v_token_masks(int tr, int len, u32& z0, u32& z1) {
+  z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
+  z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
+}
+
+// ldmatrix.x4.trans of V rows; PARTIAL: tokens at or past the length zeroed (v_token_masks), so NaN /
+// Inf stored in padding never reaches P.V.
+template <bool PARTIAL>
+GQADRV_DEVICE void ldsm_v(u32 addr, u32 z0, u32 z1, u32& r0, u32& r1, u32& r2, u32& r3) {
+  ldsm_x4_trans(addr, r0, r1, r2, r3);
+  if constexpr (PARTIAL) {
+    r0 &= z0;
+    r1 &= z1;
+    r2 &= z0;
+    r3 &= z1;
+  }
+}
+
 // Byte offset of 16-byte chunk `c` (16 e4m3 elements) of row `r` in an FP8 slot of `rows` rows of D
 // bytes: the 128B swizzle of SwizzledSmemChunks (what TMA writes for D >= 128); D = 64 rows use chunk
 // positions c ^ 4 (r & 1), so that rows 2i and 2i + 1 fill different halves of the banks.
@@ -139,7 +229,7 @@ struct WarpDecoder {
     return kv8_chunk_offset<D>(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
   }
 
-  static GQADRV_DEVICE int k_chunk(int p, int t) { return D == 64 && KV8 ? t : 2 * t + (p & 1) + 8 * (p >> 1); }
+  static GQADRV_DEVICE int k_chunk(int p, int t) { return KV8 ? kv8_k_chunk<D>(p, t) : 2 * t + (p & 1) + 8 * (p >> 1); }
   // head-dim element of O n-tile j, column n
   static GQADRV_DEVICE int o_dim(int j, int n) { return KV8 ? 16 * (j >> 1) + 2 * n + (j & 1) : 8 * j + n; }
 
@@ -184,71 +274,14 @@ struct WarpDecoder {
     }
   }
 
-  // KV8: Q rows (null: padding) as fp16 A registers in the K8 order (k-step 4p + j of chunk
-  // k_chunk(p, t): {q[d], q[d + 2]} / {q[d + 1], q[d + 3]}, d = 16c + 4j), and the rows' score scales
-  // from `scale_log2` (softmax scale * K scale / ln 2). bf16 rows are multiplied by 2^k first (k per
-  // row: its largest finite |q| to [2^14, 2^15), k in [-100, 100]); rs = scale_log2 * 2^8 * 2^-k.
+  // KV8: Q rows (null: padding) as fp16 A registers (load_q8_row above) and the rows' score scales
+  // from `scale_log2` (softmax scale * K scale / ln 2) times K_FOLD.
   GQADRV_DEVICE void load_q8(const u16* __restrict__ row_lo, const u16* __restrict__ row_hi, float scale_log2,
                              float v_scale) {
     static_assert(KV8, "FP8 caches only");
     out_scale = v_scale * V_FOLD;
-    rs_lo = load_q8_row(row_lo, q_lo, scale_log2);
-    if constexpr (R16) rs_hi = load_q8_row(row_hi, q_hi, scale_log2);
-  }
-
-  template <int N>
-  GQADRV_DEVICE float load_q8_row(const u16* __restrict__ row, u32 (&qr)[N][2], float scale_log2) const {
-    const int t = lane & 3;
-    float mult = 1.f, rscale = scale_log2 * K_FOLD;
-    if constexpr (DT == 1) {  // bf16: a power of two per row keeps it inside fp16's range
-      float mx = 0.f;
-#pragma unroll
-      for (int p = 0; p < NP8; ++p) {
-        if (!row) break;
-        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const U32x4 v = src[h];
-          const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float a, b;
-            unpack2<1>(w[i], a, b);
-            mx = fmaxf(mx, fmaxf(finite_abs(a), finite_abs(b)));
-          }
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      int k = 14 - ((int)(__float_as_uint(mx) >> 23) - 127);  // mx in [2^e, 2^(e+1)) -> 2^k mx in [2^14, 2^15)
-      k = k < -100 ? -100 : (k > 100 ? 100 : k);
-      mult = __uint_as_float((u32)(127 + k) << 23);
-      rscale *= __uint_as_float((u32)(127 - k) << 23);
-    }
-#pragma unroll
-    for (int p = 0; p < NP8; ++p) {
-      u32 w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-      if (row) {
-        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
-        const U32x4 v0 = src[0], v1 = src[1];
-        w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
-        w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // dims 4j .. 4j + 3 of the chunk: w[2j] = (4j, 4j + 1), w[2j + 1]
-        float a, b, c, d;
-        unpack2<DT>(w[2 * j], a, b);
-        unpack2<DT>(w[2 * j + 1], c, d);
-        if constexpr (K_CVT) {  // cvt pairs codes (0, 1) and (2, 3) of a register
-          qr[4 * p + j][0] = pack2<0>(a * mult, b * mult);
-          qr[4 * p + j][1] = pack2<0>(c * mult, d * mult);
-        } else {                // the integer path pairs (0, 2) and (1, 3)
-          qr[4 * p + j][0] = pack2<0>(a * mult, c * mult);
-          qr[4 * p + j][1] = pack2<0>(b * mult, d * mult);
-        }
-      }
-    }
-    return rscale;
+    rs_lo = load_q8_row<DT, D, K_CVT>(row_lo, q_lo, scale_log2 * K_FOLD, lane & 3);
+    if constexpr (R16) rs_hi = load_q8_row<DT, D, K_CVT>(row_hi, q_hi, scale_log2 * K_FOLD, lane & 3);
   }
 
   GQADRV_DEVICE void mma_qk(float (&s)[4], int ks, u32 b0, u32 b1) const {
@@ -439,11 +472,7 @@ struct WarpDecoder {
       const int r0 = 16 * ks + 2 * t;  // this lane's tokens r0, r0+1 (b0) and r0+8, r0+9 (b1)
       // 16-bit masks of the token halves of b0 / b1 (all ones on a full sub-tile)
       u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
-      if constexpr (PARTIAL) {
-        const int tr = tok0 + r0;
-        z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
-        z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
-      }
+      if constexpr (PARTIAL) v_token_masks(tok0 + r0, len, z0, z1);
       const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
       if constexpr (KV8) {
         // ldmatrix.x4.trans over chunks 2q, 2q + 1: r0 / r1 tokens (2t, 2t+1) / (2t+8, 2t+9) x dims
@@ -451,13 +480,7 @@ struct WarpDecoder {
 #pragma unroll
         for (int q = 0; q < D / 32; ++q) {
           u32 r0, r1, r2, r3;
-          ldsm_x4_trans(vbase + ((vofs8() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), r0, r1, r2, r3);
-          if constexpr (PARTIAL) {
-            r0 &= z0;
-            r1 &= z1;
-            r2 &= z0;
-            r3 &= z1;
-          }
+          ldsm_v<PARTIAL>(vbase + ((vofs8() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), z0, z1, r0, r1, r2, r3);
           if constexpr (V_CVT) {
 #if GQADRV_FP8_HW
             // even dims: bytes 0, 2 of r0 / r1 (tokens 2t, 2t+1 / 2t+8, 2t+9); odd dims: bytes 1, 3
@@ -483,13 +506,7 @@ struct WarpDecoder {
 #pragma unroll
       for (int q = 0; q < NJ / 2; ++q) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_trans(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), b0, b1, b2, b3);
-        if constexpr (PARTIAL) {
-          b0 &= z0;
-          b1 &= z1;
-          b2 &= z0;
-          b3 &= z1;
-        }
+        ldsm_v<PARTIAL>(vbase + ((vofs() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), z0, z1, b0, b1, b2, b3);
         mma_pv(2 * q, a0, a1, a2, a3, b0, b1);
         mma_pv(2 * q + 1, a0, a1, a2, a3, b2, b3);
       }

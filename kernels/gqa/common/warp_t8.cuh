@@ -12,7 +12,7 @@
 //   O^T (D x 8)   += V^T (D x TOK) . P^T     A = V codes -> fp16 (16 channels per M-tile), B = P^T
 //
 // Half the MMAs of the 8-row WarpDecoder, no zero operands. Fragments (lane = 4g + t):
-//   K (A): token row g / g + 8 of the M-tile, the lane's 16-byte chunks k_chunk(p, t) (16 dims); register
+//   K (A): token row g / g + 8 of the M-tile, the lane's 16-byte chunks kv8_k_chunk(p, t) (16 dims); register
 //          j of a chunk (dims d .. d + 3, d = 16c + 4j) is one k-step: cvt gives {d, d+1} (a0 / a1) and
 //          {d+2, d+3} (a2 / a3). Q (B): query row g at the same dims (WarpDecoder's load_q8 order).
 //   S^T (C): tokens g, g + 8 of the M-tile x query rows 2t, 2t + 1: each lane keeps the softmax state
@@ -63,7 +63,6 @@ struct WarpDecoderT8 {
   GQADRV_DEVICE u32 vofs8() const {
     return kv8_chunk_offset<D>(TOK, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
   }
-  static GQADRV_DEVICE int k_chunk(int p, int t) { return D == 64 ? t : 2 * t + (p & 1) + 8 * (p >> 1); }
 
   GQADRV_DEVICE void init(int lane_id) {
     lane = lane_id;
@@ -86,50 +85,7 @@ struct WarpDecoderT8 {
   GQADRV_DEVICE void load_q8(const u16* __restrict__ row, const u16* /*row_hi*/, float scale_log2, float v_scale) {
     out_scale = v_scale;
     const int t = lane & 3;
-    float mult = 1.f, rscale = scale_log2;
-    if constexpr (DT == 1) {  // bf16: a power of two per row keeps it inside fp16's range
-      float mx = 0.f;
-#pragma unroll
-      for (int p = 0; p < NP8; ++p) {
-        if (!row) break;
-        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const U32x4 v = src[h];
-          const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float a, b;
-            unpack2<1>(w[i], a, b);
-            mx = fmaxf(mx, fmaxf(finite_abs(a), finite_abs(b)));
-          }
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      int k = 14 - ((int)(__float_as_uint(mx) >> 23) - 127);
-      k = k < -100 ? -100 : (k > 100 ? 100 : k);
-      mult = __uint_as_float((u32)(127 + k) << 23);
-      rscale *= __uint_as_float((u32)(127 - k) << 23);
-    }
-#pragma unroll
-    for (int p = 0; p < NP8; ++p) {
-      u32 w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-      if (row) {
-        const U32x4* src = reinterpret_cast<const U32x4*>(row + 16 * k_chunk(p, t));
-        const U32x4 v0 = src[0], v1 = src[1];
-        w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
-        w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float a, b, c, d;
-        unpack2<DT>(w[2 * j], a, b);
-        unpack2<DT>(w[2 * j + 1], c, d);
-        qb[4 * p + j][0] = pack2<0>(a * mult, b * mult);
-        qb[4 * p + j][1] = pack2<0>(c * mult, d * mult);
-      }
-    }
+    const float rscale = load_q8_row<DT, D, true>(row, qb, scale_log2, t);
     rs0 = __shfl_sync(0xffffffffu, rscale, 8 * t);      // row 2t lives in lanes 4 * (2t) + ...
     rs1 = __shfl_sync(0xffffffffu, rscale, 8 * t + 4);  // row 2t + 1
   }
@@ -251,22 +207,12 @@ struct WarpDecoderT8 {
       const u32 b1 = movmatrix_trans(pack2<0>(s[ks][2], s[ks][3]));
       const int r0 = 16 * ks + 2 * t;  // V token halves of r0 / r1 (as warp.cuh)
       u32 z0 = 0xffffffffu, z1 = 0xffffffffu;
-      if constexpr (PARTIAL) {
-        const int tr = tok0 + r0;
-        z0 = (tr < len ? 0x0000ffffu : 0u) | (tr + 1 < len ? 0xffff0000u : 0u);
-        z1 = (tr + 8 < len ? 0x0000ffffu : 0u) | (tr + 9 < len ? 0xffff0000u : 0u);
-      }
+      if constexpr (PARTIAL) v_token_masks(tok0 + r0, len, z0, z1);
       const u32 vbase = smem_u32(src.base) + KV_BYTES + ks * 2048;
 #pragma unroll
       for (int q = 0; q < D / 32; ++q) {
         u32 r0v, r1v, r2v, r3v;
-        ldsm_x4_trans(vbase + ((vofs8() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), r0v, r1v, r2v, r3v);
-        if constexpr (PARTIAL) {
-          r0v &= z0;
-          r1v &= z1;
-          r2v &= z0;
-          r3v &= z1;
-        }
+        ldsm_v<PARTIAL>(vbase + ((vofs8() ^ ((q & 3) << 5)) + (q >> 2) * BOX_BYTES), z0, z1, r0v, r1v, r2v, r3v);
         u32 e0, e2, e1, e3, d0, d2, d1, d3;  // even / odd dims: a0 / a2 from chunk 2q, a1 / a3 from 2q + 1
         e4m3x4_to_f16x2x2(__byte_perm(r0v, r1v, 0x6420), e0, e2);
         e4m3x4_to_f16x2x2(__byte_perm(r2v, r3v, 0x6420), e1, e3);

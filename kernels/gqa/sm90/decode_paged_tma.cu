@@ -33,16 +33,7 @@ namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
               STAGES = GQA_STAGES;
 constexpr bool KV8 = GQA_KV8 != 0;
-// GQA_KV8_T = 1 (default): e4m3 builds with 8 rows use the transposed decoder (gqa/common/warp_t8.cuh;
-// sm_89+; H200: 1-3 % faster than WarpDecoder<..., KV8> with half its MMAs); GQADRV_KV8_T=0 turns it off.
-#ifndef GQA_KV8_T
-#define GQA_KV8_T 1
-#endif
-template <bool T8> struct DecoderSel { using type = WarpDecoder<DT, D, ROWS, TOK, true, KV8>; };
-#if GQADRV_FP8_HW
-template <> struct DecoderSel<true> { using type = WarpDecoderT8<DT, D, TOK, true>; };
-#endif
-using Decoder = DecoderSel<KV8 && ROWS == 8 && GQA_KV8_T != 0 && GQADRV_FP8_HW>::type;
+using Decoder = PagedDecoder<DT, D, ROWS, TOK, KV8>;
 constexpr int EPB = KV8 ? 128 : 64;  // elements per 128-byte box row (one e4m3 code = one byte)
 constexpr int NB = D / EPB;
 constexpr u32 SLOT_BYTES = 2u * Decoder::KV_BYTES;
