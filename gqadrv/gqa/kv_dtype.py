@@ -102,11 +102,7 @@ def _one_scale(value: Any, name: str, hkv: int, q: TensorView, stream: int | Non
                              "float32(scale))")
         return float(v), 0, 0, None
     if hasattr(value, "__dlpack__"):
-        sv = _oc.view_without_grad(value, name, stream)
-        if sv.dtype != "float32":
-            raise TypeError(f"{name} must have dtype float32, got {sv.dtype}")
-        _oc.require_same_device(sv, q)
-        _oc.require_aligned(sv, 4)
+        sv = _oc.scale_view(value, name, q, stream)
         if sv.size == 1 and sv.ndim <= 1:
             return 1.0, sv.ptr, 0, sv
         if sv.shape == (hkv,):

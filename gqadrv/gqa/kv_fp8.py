@@ -191,12 +191,7 @@ def validate(x: Any, scale: Any, head_axis: Any, out: Any, out_scale: Any, *, st
             raise ValueError("head_axis needs per-head scales as a device float32 array [H], not a number")
         mode, value = "value", check_scale_value(scale)
     elif hasattr(scale, "__dlpack__"):
-        sv = _oc.view_without_grad(scale, "scale", stream)
-        if sv.dtype != "float32":
-            raise TypeError(f"scale must have dtype float32, got {sv.dtype}")
-        _oc.require_same_device(sv, xv)
-        _oc.require_aligned(sv, 4)
-        _oc.require_no_grad(sv)
+        sv = _oc.scale_view(scale, "scale", xv, stream)
         if head_axis is None:
             if sv.size != 1:
                 raise ValueError(f"a per-tensor device scale has one element (shape () or (1,)), got {_shape(sv)}; "

@@ -29,6 +29,7 @@ __all__ = [
     "require_output",
     "require_same_device",
     "require_writable",
+    "scale_view",
     "shape_str",
 ]
 
@@ -58,6 +59,18 @@ def view_without_grad(obj: Any, name: str, stream: int | None) -> TensorView:
         raise ValueError(f"{name} requires grad, but gqadrv kernels have no backward pass; pass {name}.detach() "
                          "(inference) or compute gradients with another implementation")
     return as_view(obj, name, stream=stream, cupy_ordered=True)
+
+
+def scale_view(value: Any, name: str, ref: TensorView, stream: int | None) -> TensorView:
+    """A device scale array (the FP8 quantizers' and the e4m3 decoders' ``scale`` / ``k_scale`` /
+    ``v_scale``): float32 (TypeError otherwise), on ``ref``'s device, 4-byte aligned, no grad. Its
+    shape is the caller's rule."""
+    sv = view_without_grad(value, name, stream)
+    if sv.dtype != "float32":
+        raise TypeError(f"{name} must have dtype float32, got {sv.dtype}")
+    require_same_device(sv, ref)
+    require_aligned(sv, 4)
+    return sv
 
 
 def require_inner_contiguous(v: TensorView) -> None:
