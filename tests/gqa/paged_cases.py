@@ -117,11 +117,16 @@ class PagedCase:
                 f"{'-share' if self.share else ''}{'-out' if self.out_given else ''}-{self.poison}")
 
     def scale_kwargs(self) -> dict:
-        if self.scale == "q_scale":
-            return {"q_scale": Q_SCALE}
-        if self.scale == "sm_scale":
-            return {"sm_scale": SM_SCALE}
-        return {}
+        return scale_kwargs(self.scale)
+
+
+def scale_kwargs(scale: str) -> dict:
+    """The call keywords of a softmax-scale spelling (SCALES)."""
+    if scale == "q_scale":
+        return {"q_scale": Q_SCALE}
+    if scale == "sm_scale":
+        return {"sm_scale": SM_SCALE}
+    return {}
 
 
 def _balanced(values, n: int, seed: int) -> list:
@@ -374,3 +379,30 @@ def graph_states(B, mp, page, finite_pages, s_q, rng):
     states.append((np.array([page + 1, 2 * page, 3, cap], np.int32)[:B], table(grown, share=True)))
     states.append(states[0])
     return states
+
+
+# ----------------------------------------------------------------------------- batch invariance
+# (test_deterministic_*_is_batch_invariant of tests/gqa/test_paged_gpu.py and test_paged_fp8_gpu.py)
+TARGET_LEN = 3000
+INV_HQ, INV_HKV, INV_D, INV_PAGE, INV_MAX_PAGES = 32, 8, 128, 16, 256   # group 4, capacity 4096; B 64 x 8 KV heads
+# = 512 CTAs is past the large-batch rule of the default route (cp.async from 2 waves on), which the
+# batch-invariant mode must not follow
+BATCH_PLACES = [(1, 0), (7, 0), (7, 3), (7, 6), (64, 0), (64, 31), (64, 63)]
+
+
+def invariance_batch(rng, B: int, pos: int, others: np.ndarray, t_row: np.ndarray, t_q: np.ndarray, npdt):
+    """(q [B, s_q, INV_HQ, INV_D], block table [B, INV_MAX_PAGES], lengths [B]) of a batch of B
+    requests with the target (row t_row, query t_q, TARGET_LEN keys) at position ``pos``; the others
+    have random lengths (one of them 0, some past the capacity) on pages drawn from ``others`` (with
+    repeats: shared pages), table entries past their pages TABLE_POISON."""
+    cap = INV_MAX_PAGES * INV_PAGE
+    s_q = t_q.shape[0]
+    lens = rng.integers(0, cap + 200, size=B).astype(np.int32)
+    lens[rng.integers(0, B)] = 0
+    bt = np.full((B, INV_MAX_PAGES), TABLE_POISON, np.int32)
+    for b in range(B):
+        n = -(-min(int(lens[b]), cap) // INV_PAGE)
+        bt[b, :n] = rng.choice(others, size=n)
+    q = rng.standard_normal((B, s_q, INV_HQ, INV_D), dtype=np.float32).astype(npdt)
+    lens[pos], bt[pos], q[pos] = TARGET_LEN, t_row, t_q
+    return q, bt, lens

@@ -72,17 +72,17 @@ from tests.gqa.paged_cases import (
     ORDINARY_LENGTHS,
     PAGES,
     POOLS,
-    Q_SCALE,
     S_QS,
     SCALES,
-    SM_SCALE,
     SPECIAL_LENGTHS,
     SPLITS,
     TABLES,
+    PagedCase,
     _balanced,
     _length,
     _table_view,
     np_dtype,
+    scale_kwargs,
 )
 
 __all__ = [
@@ -189,30 +189,9 @@ def poison_codes(shape: tuple, kind: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the paged grid
 @dataclasses.dataclass(frozen=True)
-class Fp8Case:
-    idx: int
-    layout: str
-    combined: bool
-    page: int
-    s_q: int
-    q3d: bool
-    group: int
-    hkv: int
-    d: int
-    dtype: str          # q's dtype (and the output's)
-    max_pages: int
-    lengths: tuple
-    share: tuple
-    extra_pages: int
-    splits: int | None
-    call: str
-    deterministic: bool
-    scale: str          # softmax scale spelling (paged_cases.SCALES)
-    lse_mode: str
-    out_given: bool
-    poison: str
-    pool: str
-    table: str
+class Fp8Case(PagedCase):
+    """A case of the fp16 paged grid's axes (PagedCase; ``dtype`` is q's and the output's) plus the
+    e4m3 ones."""
     k_form: str
     v_form: str
     cache: str          # "uint8", "int8" (codes + kv_dtype) or "torch" (float8_e4m3fn, every input torch)
@@ -221,42 +200,9 @@ class Fp8Case:
     backend: str | None
 
     @property
-    def hq(self) -> int:
-        return self.group * self.hkv
-
-    @property
-    def batch(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def capacity(self) -> int:
-        return self.max_pages * self.page
-
-    @property
-    def wants_lse(self) -> bool:
-        return self.lse_mode != "none"
-
-    @property
     def id(self) -> str:
-        L = ",".join(map(str, self.lengths))
-        q = "q3" if self.q3d else f"s{self.s_q}"
-        return (f"{self.idx:03d}-{self.layout}{'c' if self.combined else 's'}-p{self.page}x{self.max_pages}-{q}"
-                f"-h{self.hq}/{self.hkv}-d{self.d}{self.dtype[0]}-L[{L}]-{self.call[:4]}-S{self.splits}"
-                f"{'-det' if self.deterministic else ''}-{self.scale}-lse{self.lse_mode}-{self.pool}-{self.table}"
-                f"{'-share' if self.share else ''}{'-out' if self.out_given else ''}-{self.poison}"
-                f"-k{self.k_form}-v{self.v_form}-{self.cache}{'' if self.kv_dtype is None else ':' + self.kv_dtype}"
-                f"-{self.codes}{'-portable' if self.backend else ''}")
-
-    def scale_kwargs(self) -> dict:
-        return _scale_kwargs(self.scale)
-
-
-def _scale_kwargs(scale: str) -> dict:
-    if scale == "q_scale":
-        return {"q_scale": Q_SCALE}
-    if scale == "sm_scale":
-        return {"sm_scale": SM_SCALE}
-    return {}
+        return (f"{super().id}-k{self.k_form}-v{self.v_form}-{self.cache}"
+                f"{'' if self.kv_dtype is None else ':' + self.kv_dtype}-{self.codes}{'-portable' if self.backend else ''}")
 
 
 @functools.cache
@@ -513,7 +459,7 @@ class ContigCase:
                 f"-{self.cache}:{self.kv_dtype}-{self.codes}-{self.scale}{'-portable' if self.backend else ''}")
 
     def scale_kwargs(self) -> dict:
-        return _scale_kwargs(self.scale)
+        return scale_kwargs(self.scale)
 
 
 CONTIG_CAPACITIES = (64, 77, 300, 1000, 1536)

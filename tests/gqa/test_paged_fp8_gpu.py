@@ -33,6 +33,16 @@ from gqadrv.gqa.reference import (
 )
 from gqadrv.ops.fp8 import e4m3_from_f32
 from tests.gqa import paged_cases as p16
+from tests.gqa.paged_cases import (
+    BATCH_PLACES,
+    INV_D,
+    INV_HKV,
+    INV_HQ,
+    INV_MAX_PAGES,
+    INV_PAGE,
+    TARGET_LEN,
+    invariance_batch,
+)
 from tests.gqa.paged_fp8_cases import (
     check_fp8,
     contiguous_grid,
@@ -475,9 +485,6 @@ def test_fp8_graph_replay_follows_lengths_table_and_scales(gc):
 
 
 # ----------------------------------------------------------------------------- batch invariance
-TARGET_LEN = 3000
-INV_HQ, INV_HKV, INV_D, INV_PAGE, INV_MAX_PAGES = 32, 8, 128, 16, 256   # group 4, capacity 4096
-BATCH_PLACES = [(1, 0), (7, 0), (7, 3), (7, 6), (64, 0), (64, 31), (64, 63)]
 
 
 @pytest.mark.parametrize("s_q", [1, 4])
@@ -495,7 +502,6 @@ def test_deterministic_fp8_paged_is_batch_invariant(dtype, s_q):
 
     rng = np.random.default_rng(300 + s_q + (dtype == "bfloat16"))
     npdt = p16.np_dtype(dtype)
-    cap = INV_MAX_PAGES * INV_PAGE
     t_pages = -(-TARGET_LEN // INV_PAGE)
     num_pages = t_pages + 300
     shape = (num_pages, INV_PAGE, INV_HKV, INV_D)
@@ -516,20 +522,9 @@ def test_deterministic_fp8_paged_is_batch_invariant(dtype, s_q):
                                               t_row[None], np.array([TARGET_LEN]))
     fp8 = {"kv_dtype": "e4m3", "k_scale": dks, "v_scale": vs}
 
-    def batch(B, pos):
-        lens = rng.integers(0, cap + 200, size=B).astype(np.int32)
-        lens[rng.integers(0, B)] = 0
-        bt = np.full((B, INV_MAX_PAGES), TABLE_POISON, np.int32)
-        for b in range(B):
-            n = -(-min(int(lens[b]), cap) // INV_PAGE)
-            bt[b, :n] = rng.choice(others, size=n)
-        q = rng.standard_normal((B, s_q, INV_HQ, INV_D), dtype=np.float32).astype(npdt)
-        lens[pos], bt[pos], q[pos] = TARGET_LEN, t_row, t_q
-        return q, bt, lens
-
     seen_o, seen_l = None, None
     for B, pos in BATCH_PLACES:
-        q, bt, lens = batch(B, pos)
+        q, bt, lens = invariance_batch(rng, B, pos, others, t_row, t_q, npdt)
         dq, dbt, dl = to_device(q), to_device(bt), to_device(lens)
         runs = [gqadrv.gqa_decode_paged(dq, dk, dv, dbt, dl, return_lse=True, deterministic=True, **fp8)
                 for _ in range(2)]

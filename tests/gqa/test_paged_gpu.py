@@ -22,14 +22,22 @@ from gqadrv.gqa.reference import (
     paged_kv_from_contiguous,
 )
 from tests.gqa.paged_cases import (
+    BATCH_PLACES,
+    INV_D,
+    INV_HKV,
+    INV_HQ,
+    INV_MAX_PAGES,
+    INV_PAGE,
     LSE_ATOL,
     S_QS,
+    TARGET_LEN,
     TOL,
     check_paged,
     device_case,
     graph_states,
     grid,
     host_case,
+    invariance_batch,
     np_dtype,
 )
 
@@ -242,11 +250,6 @@ def test_s_q1_contiguous_and_paged_agree_and_lse_merges(dtype):
 
 
 # ----------------------------------------------------------------------------- batch invariance
-TARGET_LEN = 3000
-INV_HQ, INV_HKV, INV_D, INV_PAGE, INV_MAX_PAGES = 32, 8, 128, 16, 256   # group 4, capacity 4096; B 64 x 8 KV heads
-# = 512 CTAs is past the large-batch rule of the default route (cp.async from 2 waves on), which the
-# batch-invariant mode must not follow
-BATCH_PLACES = [(1, 0), (7, 0), (7, 3), (7, 6), (64, 0), (64, 31), (64, 63)]
 
 
 def _bits(x) -> np.ndarray:
@@ -268,7 +271,6 @@ def test_deterministic_paged_is_batch_invariant(dtype, s_q):
 
     rng = np.random.default_rng(100 + s_q + (dtype == "bfloat16"))
     npdt = np_dtype(dtype)
-    cap = INV_MAX_PAGES * INV_PAGE
     t_pages = -(-TARGET_LEN // INV_PAGE)
     num_pages = t_pages + 700
     shape = (num_pages, INV_PAGE, INV_HKV, INV_D)
@@ -285,20 +287,9 @@ def test_deterministic_paged_is_batch_invariant(dtype, s_q):
 
     ref_o, ref_l = gqa_decode_paged_reference(t_q[None], kc, vc, t_row[None], np.array([TARGET_LEN]))
 
-    def batch(B, pos):
-        lens = rng.integers(0, cap + 200, size=B).astype(np.int32)
-        lens[rng.integers(0, B)] = 0
-        bt = np.full((B, INV_MAX_PAGES), TABLE_POISON, np.int32)
-        for b in range(B):
-            n = -(-min(int(lens[b]), cap) // INV_PAGE)
-            bt[b, :n] = rng.choice(others, size=n)
-        q = rng.standard_normal((B, s_q, INV_HQ, INV_D), dtype=np.float32).astype(npdt)
-        lens[pos], bt[pos], q[pos] = TARGET_LEN, t_row, t_q
-        return q, bt, lens
-
     seen_o, seen_l = None, None
     for B, pos in BATCH_PLACES:
-        q, bt, lens = batch(B, pos)
+        q, bt, lens = invariance_batch(rng, B, pos, others, t_row, t_q, npdt)
         dq, dbt, dl = to_device(q), to_device(bt), to_device(lens)
         runs = [gqadrv.gqa_decode_paged(dq, dk, dv, dbt, dl, return_lse=True, deterministic=True) for _ in range(2)]
         if B == 7 and pos == 3:
