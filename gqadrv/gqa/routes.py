@@ -99,8 +99,8 @@ BACKEND_FAMILIES = {
 # Environment variables that change routing, compiled switches or launch flags (tuning and
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
-              "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_OC2",
-              "GQADRV_PAGED_MIN_CTAS", "GQADRV_KV8_CVT", "GQADRV_KV8_T")
+              "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
+              "GQADRV_KV8_T")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -201,18 +201,12 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
         # development only: idle batch-invariant splits leave before the ticket (paged_args.cuh);
         # compiled and checked on the CPU, not yet run on a GPU
         sw.append(("GQA_PAGED_DET_EXIT", 1))
-    if family in E4M3_FAMILIES and os.environ.get("GQADRV_PAGED_MIN_CTAS", ""):
-        # development only: a register cap for N resident CTAs per SM (__launch_bounds__)
-        sw.append(("GQA_PAGED_MIN_CTAS", int(os.environ["GQADRV_PAGED_MIN_CTAS"])))
     if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_CVT", ""):
         # development only: the e4m3 -> fp16 conversion of the KV8 decoders (warp.cuh, GQA_KV8_CVT)
         sw.append(("GQA_KV8_CVT", int(os.environ["GQADRV_KV8_CVT"])))
     if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_T", ""):
         # development only: GQADRV_KV8_T=0 turns the transposed 8-row e4m3 decoder off (warp_t8.cuh)
         sw.append(("GQA_KV8_T", int(os.environ["GQADRV_KV8_T"])))
-    if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_OC2", "") == "1":
-        # development only: two accumulator floats per n-tile in the 8-row e4m3 decoders (warp.cuh)
-        sw.append(("GQA_KV8_OC2", 1))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)

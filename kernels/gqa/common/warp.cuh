@@ -153,11 +153,6 @@ GQADRV_DEVICE u32 kv8_chunk_offset(int rows, int r, int c) {
   return swizzled_chunk_offset(rows, r, D == 64 ? c ^ ((r & 1) << 2) : c);
 }
 
-// GQA_KV8_OC2 = 1 (development switch, GQADRV_KV8_OC2=1): the 8-row e4m3 decoders keep two
-// accumulator floats per n-tile (32 registers fewer for D = 128, two zero moves more per P.V MMA).
-#ifndef GQA_KV8_OC2
-#define GQA_KV8_OC2 0
-#endif
 // GQA_KV8_CVT: how e4m3 codes become fp16 operands. 0: integer ops (value * 2^-8, 7 ops per four
 // codes; the only way on sm_80 / sm_86); 1: cvt.rn.f16x2.e4m3x2 for K and V (2 per four codes, V
 // pairs its tokens with two byte permutes per register pair first); 2: cvt for K, integer ops for V
@@ -184,7 +179,7 @@ struct WarpDecoder {
   // Accumulator floats kept per n-tile. With 8 rows the C rows 8..15 only ever accumulate zeros (A
   // rows 8..15 are zero), but keeping them saves re-zeroing two registers per MMA; only D = 256
   // cannot afford the extra registers.
-  static constexpr int OC = (R16 || (D <= 128 && !(KV8 && GQA_KV8_OC2))) ? 4 : 2;
+  static constexpr int OC = (R16 || D <= 128) ? 4 : 2;
   static constexpr int BOX_BYTES = TOK * 128;
   // K part of a shared-memory slot (V follows): D/64 (fp16/bf16) or max(1, D/128) (e4m3) boxes
   static constexpr int KV_BYTES = KV8 ? (D < 128 ? 128 : D) * TOK : D * TOK * 2;

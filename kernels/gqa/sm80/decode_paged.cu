@@ -125,15 +125,10 @@ GQADRV_DEVICE void copy_tile_paged(u32 slot, const KvT* kbase, const KvT* vbase,
 #endif
 }
 
-// GQA_PAGED_MIN_CTAS (development switch, GQADRV_PAGED_MIN_CTAS=N): ask ptxas for N resident CTAs per
-// SM (a register cap of 64K / (N * W * 32)); default 1.
-#ifndef GQA_PAGED_MIN_CTAS
-#define GQA_PAGED_MIN_CTAS 1
-#endif
 #if GQA_D == 256
 #define GQA_PAGED_BOUNDS __launch_bounds__(W * 32)
 #else
-#define GQA_PAGED_BOUNDS __launch_bounds__(W * 32, GQA_PAGED_MIN_CTAS)
+#define GQA_PAGED_BOUNDS __launch_bounds__(W * 32, 1)
 #endif
 
 extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs args) {

@@ -42,10 +42,7 @@ constexpr int LOG2_TOK = TOK == 16 ? 4 : (TOK == 32 ? 5 : 6);
 static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
 }  // namespace
 
-#ifndef GQA_PAGED_MIN_CTAS  // development switch (GQADRV_PAGED_MIN_CTAS=N): N resident CTAs per SM
-#define GQA_PAGED_MIN_CTAS 1
-#endif
-extern "C" __global__ void __launch_bounds__(W * 32, GQA_PAGED_MIN_CTAS)
+extern "C" __global__ void __launch_bounds__(W * 32, 1)
     gqa_decode_paged_tma(const __grid_constant__ TmaDesc k_map, const __grid_constant__ TmaDesc v_map,
                          const GqaPagedArgs args) {
   extern __shared__ __align__(1024) u8 smem[];
