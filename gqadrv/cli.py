@@ -66,13 +66,15 @@ def _ops() -> tuple:
 def _bench_specs() -> list:
     """The ``bench --op`` choices: each op family's bench spec, then the paged GQA decode bench
     (``--op gqa_paged``, ``gqa/bench_paged.py``), its FP8-e4m3 KV form (``--op gqa_fp8``,
-    ``gqa/bench_fp8.py``) and the 64-layer decode step in one CUDA graph (``--op gqa_step``,
-    ``gqa/bench_step.py``)."""
+    ``gqa/bench_fp8.py``), the 64-layer decode step in one CUDA graph (``--op gqa_step``,
+    ``gqa/bench_step.py``) and MLA decode on the 656-byte FP8 cache (``--op mla_fp8``,
+    ``mla/bench_fp8.py``)."""
     from .gqa.bench_fp8 import SPEC as gqa_fp8
     from .gqa.bench_paged import SPEC as gqa_paged
     from .gqa.bench_step import SPEC as gqa_step
+    from .mla.bench_fp8 import SPEC as mla_fp8
 
-    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step]
+    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step, mla_fp8]
 
 
 def _print_json(obj) -> None:

@@ -31,6 +31,7 @@ import gc
 import sys
 
 from ..ops.bench import BenchSpec, Timer, best_peer_times, row_results, log, speedup_cell
+from ..ops.bench import target_lines as _target_lines
 
 HQ, HKV, D = 32, 8, 128
 PAGES = (16, 1)
@@ -426,30 +427,8 @@ TARGETS = (
 
 
 def target_lines(rows: list, targets: tuple = TARGETS) -> list[str]:
-    """One line per target of ``targets`` (default: this bench's): rows meeting it hot and cold, the
-    rows missing it (ratios hot / cold), the rows where a time is missing."""
-    lines = ["Targets (a row meets one when both its hot and cold ratio do):"]
-    for text, applies, ratio, good in targets:
-        rs = [r for r in rows if applies(r)]
-        if not rs:
-            lines.append(f"- {text}: no row in this run")
-            continue
-        met, missed, unmeasured = 0, [], []
-        for r in rs:
-            hc = [ratio(r["results"], k) for k in ("hot_us", "cold_us")]
-            if None in hc:
-                unmeasured.append(r["shape"])
-            elif all(good(x) for x in hc):
-                met += 1
-            else:
-                missed.append(f"{r['shape']} ({hc[0]:.2f} / {hc[1]:.2f})")
-        s = f"- {text}: {met}/{len(rs)} rows"
-        if missed:
-            s += "; missed: " + ", ".join(missed)
-        if unmeasured:
-            s += "; not measured: " + ", ".join(unmeasured)
-        lines.append(s)
-    return lines
+    """ops.bench.target_lines over ``targets`` (default: this bench's)."""
+    return _target_lines(rows, targets)
 
 
 SPEC = BenchSpec(name="gqa_paged", add_arguments=add_arguments, rows=_rows, run_row=_run_row,

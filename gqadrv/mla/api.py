@@ -60,13 +60,12 @@ def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[MlaSchedMeta, None]:
     return MlaSchedMeta(), None
 
 
-def _check_dense_only(is_fp8_kvcache: Any, sparse: dict) -> None:
+def _check_dense_only(sparse: dict) -> None:
     given = [k for k, v in sparse.items() if v is not None]
-    if is_fp8_kvcache:
-        given.insert(0, "is_fp8_kvcache=True")
     if given:
-        raise FeatureError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse / FP8 MLA paths, which "
-                           "gqadrv does not implement yet; only dense BF16/FP16 decode is available")
+        raise FeatureError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path, which gqadrv "
+                           "does not implement yet; dense decode (BF16 / FP16 caches, or the FP8 cache with "
+                           "is_fp8_kvcache=True) is available")
 
 
 def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int:
@@ -80,13 +79,13 @@ def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int
     if meta is None:
         return num_splits or _plan.default_splits(problem, variant)
     config = (problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.page_size, problem.max_blocks,
-              problem.causal, problem.dtype, problem.device)
+              problem.causal, problem.dtype, problem.device, problem.kv_fp8)
     if meta.config is None:
         meta.config = config
         meta.num_splits = num_splits or _plan.default_splits(problem, variant)
     elif meta.config != config:
         raise ValueError(f"tile_scheduler_metadata was initialised for (b, s_q, h_q, h_kv, page, max_blocks, causal, "
-                         f"dtype, device) = {meta.config}, this call has {config}; use one metadata object per "
+                         f"dtype, device, fp8 cache) = {meta.config}, this call has {config}; use one metadata object per "
                          "configuration")
     return num_splits or meta.num_splits
 
@@ -100,7 +99,7 @@ def _export(q, out, lse, new_out, new_lse, s: int, device: int) -> tuple:
 
 
 def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse, stream, who: str,
-            capture_ok: bool):
+            capture_ok: bool, is_fp8_kvcache: Any = False):
     """Resolve the stream, order every input's producer before it, validate: (problem, stream,
     DLPack stream)."""
     _drv.ensure_init()
@@ -110,7 +109,8 @@ def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, c
         raise RuntimeError(f"{who} must be called outside CUDA-graph capture (it allocates and synchronizes); "
                            "capture launch_prepared instead")
     dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
-    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl)
+    problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl,
+                                 is_fp8_kvcache=is_fp8_kvcache)
     return problem, s, dl
 
 
@@ -149,17 +149,21 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int. gqadrv additions (keywords): ``out`` /
     ``lse`` to write into, ``stream``, ``backend`` ('auto', 'seesaw', 'seesaw_tma', 'narrow16', 'narrow32', 'wgmma',
-    'mma').
-    The sparse / FP8 arguments are FlashMLA's; anything but None/False raises ``FeatureError``.
+    'mma'; with an FP8 cache 'seesaw_fp8' or 'mma_fp8').
+    ``is_fp8_kvcache=True`` (dense FP8 decode, which FlashMLA itself lacks): k_cache is FlashMLA's V3.2
+    FP8 cache [num_blocks, page_size, h_kv, 656] (uint8 / int8 / float8_e4m3fn; 512 e4m3 codes, four
+    fp32 scales, 64 bf16 RoPE channels per token, as ``gqadrv.mla.quantize_k_cache`` writes it; 16-byte
+    aligned rows), q bf16; the result equals dense decode on ``dequantize_k_cache(k_cache)``.
+    The sparse arguments are FlashMLA's; anything but None raises ``FeatureError``.
     """
-    _check_dense_only(is_fp8_kvcache, dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+    _check_dense_only(dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
                                            extra_indices_in_kvcache=extra_indices_in_kvcache,
                                            topk_length=topk_length, extra_topk_length=extra_topk_length))
     if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MlaSchedMeta):
         raise TypeError("tile_scheduler_metadata must be None or the object returned by gqadrv.get_mla_metadata, "
                         f"got {type(tile_scheduler_metadata).__name__}")
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
-                             stream, "flash_mla_with_kvcache", capture_ok=True)
+                             stream, "flash_mla_with_kvcache", capture_ok=True, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
     splits = _splits(problem, variant, num_splits, tile_scheduler_metadata)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
@@ -182,14 +186,15 @@ class PreparedMlaDecode(PreparedDecode[_R]):
 def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray, cache_seqlens: DLPackArray,
                        head_dim_v: int = 512, *, out: OutT | None = None, lse: LseT | None = None,
                        softmax_scale: float | None = None, causal: bool = False, num_splits: int | None = None,
-                       stream: StreamLike | None = None,
-                       backend: MlaBackend | None = None) -> PreparedMlaDecode[tuple[OutT | ArrayT, LseT | ArrayT]]:
+                       stream: StreamLike | None = None, backend: MlaBackend | None = None,
+                       is_fp8_kvcache: bool = False) -> PreparedMlaDecode[tuple[OutT | ArrayT, LseT | ArrayT]]:
     """Validate, route, compile, allocate (outputs when not given, workspace) and pack once; then
     ``launch_prepared(p)`` is one cuLaunchKernelEx that reads the current lengths, block table,
     q and cache contents on the device (update them in place between launches or graph replays).
-    The split count depends only on the shapes, so any lengths up to the capacity stay valid."""
+    The split count depends only on the shapes, so any lengths up to the capacity stay valid.
+    ``is_fp8_kvcache=True``: k_cache is FlashMLA's 656-byte FP8 cache (see flash_mla_with_kvcache)."""
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
-                             stream, "prepare_mla_decode", capture_ok=False)
+                             stream, "prepare_mla_decode", capture_ok=False, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
     splits = _splits(problem, variant, num_splits, None)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)

@@ -2,7 +2,8 @@
 any launch.
 
 q [b, s_q, h_q, 576] fp16/bf16; k_cache [num_blocks, page_size, h_kv, 576] of q's dtype, V = the
-first 512 channels of K; block_table int32 [b, max_blocks]; cache_seqlens int32 [b] (device data,
+first 512 channels of K (or, with ``is_fp8_kvcache=True`` and a bf16 q, FlashMLA's V3.2 FP8 cache
+[num_blocks, page_size, h_kv, 656] of uint8 / int8 / float8_e4m3fn bytes, 16-byte aligned rows); block_table int32 [b, max_blocks]; cache_seqlens int32 [b] (device data,
 never read here). Every tensor needs a contiguous last dimension; other strides are free as long as
 rows stay 16-byte aligned (strides multiple of 8 elements). Errors: TypeError for dtypes,
 ValueError for shapes, devices, strides, alignment, scales; FeatureError (NotImplementedError)
@@ -19,9 +20,11 @@ from ..ops import contract as _oc
 from ..runtime.tensors import TensorView, as_view
 from . import kernel_spec as _ks
 
-__all__ = ["D_QK", "D_V", "MAX_HEADS_KV", "MAX_HEADS_Q", "MlaProblem", "SUPPORTED_DTYPES", "validate"]
+__all__ = ["D_QK", "D_V", "FP8_CACHE_DTYPES", "FP8_ROW_BYTES", "MAX_HEADS_KV", "MAX_HEADS_Q", "MlaProblem", "SUPPORTED_DTYPES", "validate"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
+FP8_CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")  # the 656-byte FP8 cache's bytes (FlashMLA's choices)
+FP8_ROW_BYTES = 656
 D_QK, D_V = _ks.D_QK, _ks.D_V
 MAX_HEADS_Q = 128
 MAX_HEADS_KV = 8
@@ -46,6 +49,7 @@ class MlaProblem:
     seqlens: TensorView
     softmax_scale: float
     causal: bool
+    kv_fp8: bool = False  # k_cache in FlashMLA's 656-byte FP8 format (is_fp8_kvcache=True)
 
     @property
     def capacity(self) -> int:
@@ -65,9 +69,36 @@ def _rows_16b(v: TensorView) -> None:
         raise ValueError(f"{v.name} strides {v.strides} (elements) must be multiples of 8 (16-byte aligned rows)")
 
 
+def _fp8_cache(kv: TensorView, qv: TensorView) -> tuple[int, int, int]:
+    """The 656-byte FP8 cache [num_blocks, page_size, h_kv, 656] (uint8 / int8 / float8_e4m3fn bytes):
+    (num_blocks, page, h_kv). Rows are read with 16-byte loads: base and strides multiples of 16 bytes."""
+    if qv.dtype != "bfloat16":
+        raise TypeError(f"is_fp8_kvcache=True needs a bfloat16 q (the cache dequantizes to bf16), got {qv.dtype}")
+    if kv.ndim != 4:
+        raise ValueError(f"k_cache must have shape [num_blocks, page_size, h_kv, {FP8_ROW_BYTES}] with "
+                         f"is_fp8_kvcache=True, got {_oc.shape_str(kv)}")
+    nblk, page, h_kv, row = kv.shape
+    if kv.dtype not in FP8_CACHE_DTYPES:
+        raise TypeError(f"k_cache must have dtype {' or '.join(FP8_CACHE_DTYPES)} with is_fp8_kvcache=True (the "
+                        f"{FP8_ROW_BYTES} bytes of each token), got {kv.dtype}")
+    if row != FP8_ROW_BYTES:
+        raise ValueError(f"k_cache rows must hold {FP8_ROW_BYTES} bytes with is_fp8_kvcache=True (512 e4m3 codes, "
+                         f"4 float32 scales, 64 bf16 RoPE channels), got shape {_oc.shape_str(kv)}")
+    _oc.require_inner_contiguous(kv)
+    _oc.require_aligned(kv)
+    bad = [st for st, n in zip(kv.strides[:-1], kv.shape[:-1]) if n > 1 and (st * kv.itemsize) % 16]
+    if bad:
+        raise ValueError(f"k_cache strides {kv.strides} (bytes) must be multiples of 16 with is_fp8_kvcache=True "
+                         "(16-byte aligned rows)")
+    return nblk, page, h_kv
+
+
 def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: Any, softmax_scale: Any,
-             causal: Any, *, stream: int | None) -> MlaProblem:
-    """Check every host-visible rule; ``stream`` as in ``gqa.contract.validate``."""
+             causal: Any, *, stream: int | None, is_fp8_kvcache: Any = False) -> MlaProblem:
+    """Check every host-visible rule; ``stream`` as in ``gqa.contract.validate``. ``is_fp8_kvcache``:
+    k_cache is FlashMLA's 656-byte FP8 format (bf16 q only)."""
+    if not isinstance(is_fp8_kvcache, bool):
+        raise TypeError(f"is_fp8_kvcache must be a bool, got {type(is_fp8_kvcache).__name__}")
     if head_dim_v != D_V:
         raise ValueError(f"head_dim_v must be {D_V} (V = the first {D_V} of the {D_QK} K channels), got {head_dim_v!r}")
     if not isinstance(causal, bool):
@@ -88,12 +119,18 @@ def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_di
     _rows_16b(qv)
 
     kv = as_view(k_cache, "k_cache", stream=stream, cupy_ordered=True)
-    if kv.ndim != 4:
-        raise ValueError(f"k_cache must have shape [num_blocks, page_size, h_kv, {D_QK}], got {_oc.shape_str(kv)}")
-    nblk, page, h_kv, dk = kv.shape
-    _oc.require_dtype(kv, SUPPORTED_DTYPES, like=qv)
-    if dk != D_QK:
-        raise ValueError(f"k_cache head dim must be {D_QK}, got {dk}")
+    if is_fp8_kvcache:
+        nblk, page, h_kv = _fp8_cache(kv, qv)
+    else:
+        if kv.ndim != 4:
+            raise ValueError(f"k_cache must have shape [num_blocks, page_size, h_kv, {D_QK}], got {_oc.shape_str(kv)}")
+        nblk, page, h_kv, dk = kv.shape
+        if kv.dtype in FP8_CACHE_DTYPES and dk == FP8_ROW_BYTES:
+            raise TypeError(f"k_cache looks like FlashMLA's FP8 cache ({kv.dtype}, {FP8_ROW_BYTES} bytes per token): "
+                            "pass is_fp8_kvcache=True")
+        _oc.require_dtype(kv, SUPPORTED_DTYPES, like=qv)
+        if dk != D_QK:
+            raise ValueError(f"k_cache head dim must be {D_QK}, got {dk}")
     if nblk < 1:
         raise ValueError(f"k_cache must hold at least one page, got shape {_oc.shape_str(kv)}")
     if page not in _ks.PAGE_SIZES:
@@ -103,7 +140,8 @@ def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_di
     if h_q % h_kv:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     _oc.require_same_device(kv, qv)
-    _rows_16b(kv)
+    if not is_fp8_kvcache:
+        _rows_16b(kv)
 
     bt = as_view(block_table, "block_table", stream=stream, cupy_ordered=True)
     if bt.dtype != "int32":
@@ -132,7 +170,7 @@ def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_di
     else:
         scale = _oc.check_positive_scale("softmax_scale", softmax_scale, limit=_oc.F32_MAX / math.log2(math.e))
     return MlaProblem(b, s_q, h_q, h_kv, h_q // h_kv, page, nblk, max_blocks, qv.dtype, qv.device, qv, kv, bt, lv,
-                      scale, causal)
+                      scale, causal, is_fp8_kvcache)
 
 
 def validate_outputs(problem: MlaProblem, out: Any, lse: Any, *, stream: int | None) -> tuple:

@@ -30,6 +30,9 @@ Variants (all read the same arguments, write the same outputs and merge splits i
   "narrow32"  the same with 32 rows per CTA (23-piece ring): 16 < M <= 32.
   "wgmma"     the original simple kernel (wgmma, MLA_MMA=1), any M; correct fallback.
   "mma"       the original kernel on mma.sync + ldmatrix (MLA_MMA=0); the only one for sm_100a.
+  "seesaw_fp8" / "mma_fp8"  the seesaw / the mma.sync kernel on FlashMLA's 656-byte FP8 cache (MLA_FP8=1,
+              bf16 q): K tiles dequantized to bf16 into the same shared-memory tiles (fp8_rows.cuh); the
+              seesaw_fp8 default on sm_90a, mma_fp8 on sm_100a / sm_110a (compile-verified only there).
 
 ``VARIANTS`` / ``VARIANT_ARCHES`` / ``SOURCE`` / ``ENTRY`` / ``BLOCK_THREADS`` / ``SMEM_BYTES`` keep
 describing the original two-variant kernel (dense_decode.cu) for existing callers.
@@ -140,6 +143,7 @@ class KernelVariant:
     max_rows: int | None    # largest M = s_q * h_q / h_kv it is meant for (None: any)
     doc: str = ""
     tma_boxes: tuple = ()   # TMA variants: channel blocks per box of each CUtensorMap parameter (k_tensor_maps)
+    fp8: bool = False       # reads FlashMLA's 656-byte FP8 cache (MLA_FP8=1; bf16 q only)
 
     @property
     def tma(self) -> bool:
@@ -147,6 +151,8 @@ class KernelVariant:
         return bool(self.tma_boxes)
 
     def defines(self, dtype: str, watchdog: bool = False) -> dict:
+        if self.fp8 and _dtype_name(dtype) != "bfloat16":
+            raise ValueError(f"MLA variant {self.name!r} (FP8 cache) is built for bfloat16 q only, got {dtype!r}")
         d = {"MLA_DT": DTYPES[_dtype_name(dtype)], "MLA_SMEM_BYTES": self.smem_bytes, **dict(self.fixed_defines)}
         if watchdog:
             d["MLA_WATCHDOG"] = 1
@@ -181,12 +187,22 @@ KERNELS = {
         _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32), ("MLA_TMA_K", 1)), ("sm_90a",), 32,
         "narrow32 with every piece loaded by TMA from one producer thread; pages of 64..256 tokens",
         tma_boxes=(1,)),
+    "seesaw_fp8": KernelVariant(
+        "seesaw_fp8", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_fp8", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_FP8", 1),), ("sm_90a",), None,
+        "the seesaw on the 656-byte FP8 cache: the producer warpgroup dequantizes half tiles through registers",
+        fp8=True),
     "wgmma": KernelVariant(
         "wgmma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 1),), ("sm_90a",), None,
         "original kernel, wgmma, no overlap between phases"),
     "mma": KernelVariant(
         "mma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0),), ("sm_90a", "sm_100a", "sm_110a"), None,
         "original kernel on mma.sync + ldmatrix (sm_100a fallback)"),
+    "mma_fp8": KernelVariant(
+        "mma_fp8", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0), ("MLA_FP8", 1)),
+        ("sm_90a", "sm_100a", "sm_110a"), None,
+        "the mma.sync kernel on the 656-byte FP8 cache (every thread dequantizes its share of the next tile)",
+        fp8=True),
 }
 assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_bytes for k, v in KERNELS.items()}
 

@@ -28,6 +28,8 @@ _tmaps = BoundedMap(512)
 def features_of(problem: MlaProblem) -> set[str]:
     """The kernel features a problem needs (checked against the routed family's declaration)."""
     f = {"dense_kv", "paged_kv", "lse", "fp16" if problem.dtype == "float16" else "bf16"}
+    if problem.kv_fp8:
+        f.add("fp8_kv")
     if problem.causal:
         f.add("causal")
     if problem.s_q > 1:
@@ -38,6 +40,8 @@ def features_of(problem: MlaProblem) -> set[str]:
 def tma_ok(problem: MlaProblem) -> bool:
     """k_cache can be read by the TMA seesaw (kernel_spec.tma_eligible)."""
     k = problem.k_cache
+    if problem.kv_fp8:
+        return False  # the FP8 kernels read K through registers
     return _ks.tma_eligible(problem.page_size, k.ptr, tuple(k.strides[:3]), problem.num_blocks)
 
 
@@ -63,11 +67,11 @@ def param_values(problem: MlaProblem, variant: _routes.MlaVariant, fields: dict)
 
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
     use_tma = tma_ok(problem)
-    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma)
+    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8)
     hit = _routes_cache.get(key)
     if hit is None:
         variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend,
-                                         use_tma)
+                                         use_tma, problem.kv_fp8)
         require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     elif problem.causal or problem.s_q > 1:
@@ -93,13 +97,15 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
     """The MlaDecodeArgs block by field name; ``out`` = (shape strides in elements) of the output."""
     q, k = problem.q, problem.k_cache
     o_strides = out
+    # the kernels address k_cache in 2-byte units: an FP8 cache's byte strides (multiples of 16) halved
+    k_strides = tuple(st * k.itemsize // 2 for st in k.strides[:3]) if problem.kv_fp8 else tuple(k.strides[:3])
     return {
         "q": q.ptr, "k_cache": k.ptr, "block_table": problem.block_table.ptr, "cache_seqlens": problem.seqlens.ptr,
         "out": out_ptr, "lse": lse_ptr,
         "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
         "counters": ws.ptr("counters") if ws else 0,
         "q_stride_b": q.strides[0], "q_stride_s": q.strides[1], "q_stride_h": q.strides[2],
-        "k_stride_block": k.strides[0], "k_stride_tok": k.strides[1], "k_stride_head": k.strides[2],
+        "k_stride_block": k_strides[0], "k_stride_tok": k_strides[1], "k_stride_head": k_strides[2],
         "o_stride_b": o_strides[0], "o_stride_s": o_strides[1], "o_stride_h": o_strides[2],
         "bt_stride": problem.block_table.strides[0],
         "b": problem.b, "s_q": problem.s_q, "h_q": problem.h_q, "h_kv": problem.h_kv, "group": problem.group,

@@ -12,6 +12,9 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
 * ``mma`` (mma.sync + ldmatrix, the first kernel's layout): chosen on sm_100 / sm_110 (B200, Thor),
   where wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90
   when forced (``backend="mma"``), which is how the H200 tests cover its code.
+* ``seesaw_fp8`` / ``mma_fp8``: the same two kernels on FlashMLA's 656-byte FP8 cache
+  (``is_fp8_kvcache=True``, bf16 q): seesaw_fp8 on sm_90 for every page size, mma_fp8 on sm_100 /
+  sm_110 (compile-verified only) and, when forced, on sm_90.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = ["BACKENDS", "FAMILIES", "MlaFamily", "MlaVariant", "backend_for_cc", 
            "variants_for_arch"]
 
 FEATURES = frozenset({"dense_kv", "paged_kv", "fp16", "bf16", "causal", "lse", "split_kv", "multi_token"})
+FP8_FEATURES = frozenset({"dense_kv", "paged_kv", "bf16", "fp8_kv", "causal", "lse", "split_kv", "multi_token"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,7 @@ class MlaFamily(KernelFamily):
     block_m: int = 64             # packed query rows per CTA
     max_rows: int | None = None   # largest M = s_q * h_q / h_kv the kernel serves (None: any)
     tma_boxes: tuple = ()         # TMA families: channel blocks per box of each CUtensorMap parameter
+    fp8: bool = False             # reads the 656-byte FP8 cache (bf16 q only)
 
     @property
     def tma(self) -> bool:
@@ -42,8 +47,9 @@ class MlaFamily(KernelFamily):
 
 
 FAMILIES = {
-    name: MlaFamily(name, k.source, k.entry, k.arches, {0: SIG, 1: SIG_TMA1, 2: SIG_TMA}[len(k.tma_boxes)], FEATURES,
-                    block_m=k.block_m, max_rows=k.max_rows, tma_boxes=k.tma_boxes)
+    name: MlaFamily(name, k.source, k.entry, k.arches, {0: SIG, 1: SIG_TMA1, 2: SIG_TMA}[len(k.tma_boxes)],
+                    FP8_FEATURES if k.fp8 else FEATURES, block_m=k.block_m, max_rows=k.max_rows,
+                    tma_boxes=k.tma_boxes, fp8=k.fp8)
     for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)
@@ -87,13 +93,23 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
 
 
 def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None,
-                   tma_ok: bool = False) -> MlaVariant:
+                   tma_ok: bool = False, fp8: bool = False) -> MlaVariant:
     """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one.
     ``tma_ok``: k_cache is TMA-describable (kernel_spec.tma_eligible), so the seesaw runs as
-    ``seesaw_tma`` unless the cp.async ``seesaw`` is forced."""
+    ``seesaw_tma`` unless the cp.async ``seesaw`` is forced. ``fp8``: k_cache is the 656-byte FP8
+    format, read by ``seesaw_fp8`` (sm_90) or ``mma_fp8`` (sm_100 / sm_110, or forced on sm_90)."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
     name = native if forced in (None, "auto") else forced
+    if fp8:
+        if forced in (None, "auto"):
+            name = native + "_fp8"
+        elif not FAMILIES[name].fp8:
+            fp8_names = sorted(n for n, f in FAMILIES.items() if f.fp8)
+            raise ValueError(f"MLA backend {name!r} reads bf16 / fp16 caches; with is_fp8_kvcache=True use 'auto' or "
+                             f"one of {fp8_names}")
+    elif FAMILIES[name].fp8:
+        raise ValueError(f"MLA backend {name!r} reads the 656-byte FP8 cache: pass is_fp8_kvcache=True with it")
     if name == "seesaw" and forced in (None, "auto") and tma_ok:
         name = "seesaw_tma"
     fam = FAMILIES[name]
@@ -110,7 +126,8 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
 
 
 def variants_for_arch(arch: str) -> list[MlaVariant]:
-    return [MlaVariant(f, dt) for f in FAMILIES.values() if arch in f.arches for dt in ("float16", "bfloat16")]
+    return [MlaVariant(f, dt) for f in FAMILIES.values() if arch in f.arches
+            for dt in (("bfloat16",) if f.fp8 else ("float16", "bfloat16"))]
 
 
 def default_splits(variant: MlaVariant, b: int, s_q: int, h_q: int, h_kv: int, capacity: int, sm_count: int) -> int:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable
 
-__all__ = ["BenchSpec", "Timer", "add_common_arguments", "log", "run", "stream_read_ceiling"]
+__all__ = ["BenchSpec", "Timer", "add_common_arguments", "log", "run", "stream_read_ceiling", "target_lines"]
 
 
 def log(msg: str) -> None:
@@ -220,3 +220,31 @@ def run(spec: BenchSpec, args) -> int:
         plot_results({"meta": meta, "rows": rows}, plot)
         log(f"[bench] wrote {plot}")
     return 0
+
+
+def target_lines(rows: list, targets: tuple) -> list[str]:
+    """One line per target of ``targets`` = ((text, row applies, ratio(results, 'hot_us' | 'cold_us'),
+    ratio is good), ...): the rows meeting it hot and cold, the rows missing it (ratios hot / cold),
+    the rows where a time is missing."""
+    lines = ["Targets (a row meets one when both its hot and cold ratio do):"]
+    for text, applies, ratio, good in targets:
+        rs = [r for r in rows if applies(r)]
+        if not rs:
+            lines.append(f"- {text}: no row in this run")
+            continue
+        met, missed, unmeasured = 0, [], []
+        for r in rs:
+            hc = [ratio(r["results"], k) for k in ("hot_us", "cold_us")]
+            if None in hc:
+                unmeasured.append(r["shape"])
+            elif all(good(x) for x in hc):
+                met += 1
+            else:
+                missed.append(f"{r['shape']} ({hc[0]:.2f} / {hc[1]:.2f})")
+        s = f"- {text}: {met}/{len(rs)} rows"
+        if missed:
+            s += "; missed: " + ", ".join(missed)
+        if unmeasured:
+            s += "; not measured: " + ", ".join(unmeasured)
+        lines.append(s)
+    return lines

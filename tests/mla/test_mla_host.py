@@ -62,8 +62,8 @@ def test_sparse_arguments_raise_feature_error_before_any_gpu_work():
     import gqadrv
 
     for kw in (dict(indices=1), dict(attn_sink=1), dict(extra_k_cache=1), dict(topk_length=1),
-               dict(is_fp8_kvcache=True)):
-        with pytest.raises(NotImplementedError, match="sparse / FP8"):
+               dict(is_fp8_kvcache=True, indices=1)):
+        with pytest.raises(NotImplementedError, match="sparse MLA path"):
             gqadrv.flash_mla_with_kvcache(None, None, None, None, 512, None, **kw)
     assert issubclass(FeatureError, NotImplementedError)
 
@@ -122,7 +122,7 @@ def test_every_variant_compiles_without_spills(variant, isolated_cache):
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, (arch, r)
         ptx = m.ptx.decode()
         assert "atom.acq_rel.gpu" in ptx or "atom.add.acq_rel.gpu" in ptx or "acq_rel" in ptx
-        if variant.family.name == "mma":
+        if variant.family.name in ("mma", "mma_fp8"):
             assert "mma.sync" in ptx and "wgmma" not in ptx
         else:
             assert "wgmma.mma_async" in ptx
@@ -179,3 +179,90 @@ def test_launch_parts_of_a_cp_async_route():
     assert (grid, block, smem) == kernel_spec.launch_geometry(B, SQ, HQ, HKV, 3, "seesaw")
     assert values == (plan.args_fields(p, v, (HQ * 512, HQ * 512, 512), 0x1000, 0x2000, None, 3),)
     assert values[0]["num_splits"] == 3 and values[0]["out"] == 0x1000 and values[0]["lse"] == 0x2000
+
+
+def test_fp8_cache_routes():
+    """is_fp8_kvcache=True routes to the FP8 builds (seesaw_fp8 on sm_90, mma_fp8 on sm_100 / sm_110),
+    FP8 and bf16 backends never cross, and the FP8 families build for bf16 q only."""
+    from gqadrv.mla import kernel_spec, routes
+
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, True, fp8=True).family.name == "seesaw_fp8"
+    assert routes.select_variant((10, 0), "bfloat16", 128, "auto", False, fp8=True).family.name == "mma_fp8"
+    assert routes.select_variant((11, 0), "bfloat16", 1, None, False, fp8=True).family.name == "mma_fp8"
+    assert routes.select_variant((9, 0), "bfloat16", 64, "mma_fp8", False, fp8=True).family.name == "mma_fp8"
+    with pytest.raises(ValueError, match="reads bf16 / fp16 caches"):
+        routes.select_variant((9, 0), "bfloat16", 64, "seesaw_tma", True, fp8=True)
+    with pytest.raises(ValueError, match="pass is_fp8_kvcache=True"):
+        routes.select_variant((9, 0), "bfloat16", 64, "seesaw_fp8", True)
+    with pytest.raises(ValueError, match="bfloat16 q only"):
+        kernel_spec.kernel("seesaw_fp8").defines("float16")
+    fp8 = {v.name for v in routes.variants_for_arch("sm_90a") if v.family.fp8}
+    assert fp8 == {"mla_decode_seesaw_fp8_bfloat16", "mla_decode_mma_fp8_bfloat16"}
+    assert {v.name for v in routes.variants_for_arch("sm_100a") if v.family.fp8} == {"mla_decode_mma_fp8_bfloat16"}
+    assert all("fp8_kv" in f.features for f in routes.FAMILIES.values() if f.fp8)
+
+
+def test_fp8_seesaw_register_budgets_fit_the_launch_allocation():
+    """setmaxnreg.inc waits for free registers: the consumer and producer budgets of every seesaw build
+    must fit 384 threads x 168 registers (216 / 80 deadlocked on the H200)."""
+    from gqadrv.runtime.compiler import kernels_root
+
+    text = (kernels_root() / "mla/sm90/dense_decode_seesaw.cu").read_text()
+    assert "#define MLA_CONSUMER_REGS (MLA_FP8 ? 216 : 224)" in text
+    assert "#define MLA_PRODUCER_REGS (MLA_FP8 ? 72 : 56)" in text
+    for c, p in ((216, 72), (224, 56)):
+        assert 256 * c + 128 * p <= 384 * 168
+    assert "<= 384 * 168" in text
+
+
+def test_mla_fp8_bench_table_and_targets():
+    from gqadrv.mla import bench_fp8
+
+    def row(h, f, g):
+        r = {"gqadrv_fp8": {"hot_us": f, "cold_us": f, "hot_TFLOPS": 1.0, "hot_TBps": 1.0, "route": "r",
+                            "num_splits": 1, "max_diff_vs_bf16": 1e-4},
+             "gqadrv_bf16": {"hot_us": g, "cold_us": g, "hot_TFLOPS": 2.0, "hot_TBps": 2.0}}
+        return {"shape": f"b128 s_q1 h_q{h} L4096", "b": 128, "s_q": 1, "h_q": h, "L": 4096, "results": r}
+
+    rows = [row(16, 100.0, 180.0), row(128, 100.0, 50.0), row(64, 1.0, 1.0)]
+    lines = bench_fp8.target_lines(rows)
+    assert lines[1] == "- h_q 16: fp8 speed >= 1.7 x our bf16: 1/1 rows"
+    assert lines[2].startswith("- h_q 128: fp8 TFLOPS >= 90 % of our bf16 (x bf16 >= 0.9): 0/1 rows; missed: "
+                               "b128 s_q1 h_q128 L4096 (0.50 / 0.50)")
+    meta = {"gpu": "G", "cc": "9.0", "sms": 132, "ceiling_TBps": 4.5, "graph_calls": 20}
+    table = bench_fp8.format_table(meta, rows + [{"shape": "bad", "h_q": 16, "results": {"gqadrv_fp8": {"error": "E"}}}])
+    assert "| b128 s_q1 h_q16 L4096 | 100.0 |" in table and "1.80 / 1.80" in table and "| bad | error: E |" in table
+    assert [r[:3] for r in bench_fp8.ROWS][:1] == [(128, 1, 16)]
+
+
+def test_fp8_cache_contract():
+    """The FP8-cache rules (contract._fp8_cache) on fake arrays; numpy's DLPack has no bf16, so the
+    q-dtype rule is checked with an fp16 q and the cache rules with a stand-in bf16 q view."""
+    import types
+
+    from gqadrv.runtime.tensors import as_view
+
+    def v(a):
+        return as_view(a, "k_cache", stream=None)
+
+    q16 = types.SimpleNamespace(dtype="bfloat16")
+    assert contract._fp8_cache(v(fake((NB, PAGE, HKV, 656), np.uint8)), q16) == (NB, PAGE, HKV)
+    assert contract._fp8_cache(v(fake((NB, PAGE, HKV, 656), np.int8)), q16) == (NB, PAGE, HKV)
+    assert contract._fp8_cache(v(FakeCudaArray(np.zeros((NB, PAGE, HKV, 672), np.uint8)[..., :656])), q16)[0] == NB
+    cases = [
+        (fake((NB, PAGE, HKV, 576), np.uint8), ValueError, "656 bytes"),
+        (fake((NB, PAGE, HKV, 656), np.uint16), TypeError, "uint8 or int8 or float8_e4m3fn"),
+        (fake((NB, PAGE, 656), np.uint8), ValueError, "must have shape"),
+        (FakeCudaArray(np.zeros((NB, PAGE, HKV, 664), np.uint8)[..., :656]), ValueError, "multiples of 16"),
+    ]
+    for k, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            contract._fp8_cache(v(k), q16)
+    t = good(k=fake((NB, PAGE, HKV, 656), np.uint8))
+    args = (t["q"], t["k"], t["bt"], t["lens"], 512, None, False)
+    with pytest.raises(TypeError, match="bfloat16 q"):
+        contract.validate(*args, stream=None, is_fp8_kvcache=True)
+    with pytest.raises(TypeError, match="is_fp8_kvcache must be a bool"):
+        contract.validate(*args, stream=None, is_fp8_kvcache=1)
+    with pytest.raises(TypeError, match="pass is_fp8_kvcache=True"):
+        contract.validate(*args, stream=None)

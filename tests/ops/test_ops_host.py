@@ -176,8 +176,14 @@ def test_mla_problems_need_only_declared_features():
         dtype: str
         causal: bool
         s_q: int
+        kv_fp8: bool = False
 
     for fam in routes.FAMILIES.values():
-        for p in (P("float16", False, 1), P("bfloat16", True, 4)):
+        probs = (P("bfloat16", False, 1, True), P("bfloat16", True, 4, True)) if fam.fp8 else (
+            P("float16", False, 1), P("bfloat16", True, 4))
+        for p in probs:
             assert plan.features_of(p) <= fam.features, (fam.name, plan.features_of(p))
+        if not fam.fp8:
+            assert "fp8_kv" not in fam.features
     assert "multi_token" in plan.features_of(P("bfloat16", True, 2))
+    assert "fp8_kv" in plan.features_of(P("bfloat16", False, 1, True))

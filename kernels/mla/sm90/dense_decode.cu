@@ -51,6 +51,12 @@
 #if MLA_MMA
 #include "../common/wgmma_ops.cuh"
 #endif
+#ifndef MLA_FP8
+#define MLA_FP8 0  // 1: k_cache in FlashMLA's 656-byte FP8 format (fp8_rows.cuh; see "FP8" above)
+#endif
+#if MLA_FP8
+#include "../common/fp8_rows.cuh"
+#endif
 
 namespace mla {
 constexpr int DT = MLA_DT;
@@ -93,6 +99,21 @@ GQADRV_DEVICE void load_k_tile(const MlaDecodeArgs& a, u32 tile, int b, int kvh,
   }
   load_tile_rows(tile, src, a.k_cache, tid);
 }
+
+#if MLA_FP8
+// FP8 mode: thread tid dequantizes 16-code unit tid & 3 of every code block of token row tid >> 2.
+GQADRV_DEVICE void fp8_store_tile(const fp8::CodeRows<0, 8, 1>& k8, u32 tile, int tid) {
+  const int r = tid >> 2, cu = tid & 3;
+  k8.template store_block<0>(tile, r, cu);
+  k8.template store_block<1>(tile, r, cu);
+  k8.template store_block<2>(tile, r, cu);
+  k8.template store_block<3>(tile, r, cu);
+  k8.template store_block<4>(tile, r, cu);
+  k8.template store_block<5>(tile, r, cu);
+  k8.template store_block<6>(tile, r, cu);
+  k8.template store_block<7>(tile, r, cu);
+}
+#endif
 
 #if MLA_MMA
 // ---------------------------------------------------------------------------------- wgmma GEMMs
@@ -227,7 +248,18 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
       }
       load_tile_rows(sb + OFF_Q, src, a.q, tid);
     }
+#if MLA_FP8
+    const i32* bt_row = a.block_table + (long long)b * a.bt_stride;
+    {  // the first tile, dequantized right away
+      const u8* row[1] = {fp8::row_at(a, bt_row, kvh, t_beg * MLA_BLOCK_N + (tid >> 2), len)};
+      fp8::CodeRows<0, 8, 1> k8;
+      k8.load(row, tid & 3);
+      fp8::rope_rows(sb + OFF_K, row, a.k_cache, tid >> 2, tid & 3);
+      fp8_store_tile(k8, sb + OFF_K, tid);
+    }
+#else
     load_k_tile(a, sb + OFF_K, b, kvh, len, t_beg * MLA_BLOCK_N, tid);
+#endif
     cp_async_commit();
 
     const float sc = a.scale_log2;
@@ -239,11 +271,22 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
       fence_proxy_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
 #endif
       __syncthreads();  // B1
+#if MLA_FP8
+      // next tile: codes and scales into registers now, RoPE by cp.async, dequantized after Q K^T
+      fp8::CodeRows<0, 8, 1> k8;
+      const u8* row[1] = {fp8::row_at(a, bt_row, kvh, (it + 1) * MLA_BLOCK_N + (tid >> 2), it + 1 < t_end ? len : 0)};
+      k8.load(row, tid & 3);
+      if (it + 1 < t_end) fp8::rope_rows(sb + OFF_K + (st ^ 1u) * TILE_BYTES, row, a.k_cache, tid >> 2, tid & 3);
+#else
       if (it + 1 < t_end) load_k_tile(a, sb + OFF_K + (st ^ 1u) * TILE_BYTES, b, kvh, len, (it + 1) * MLA_BLOCK_N, tid);
+#endif
       cp_async_commit();
 
       float s[16];
       gemm_qk(s, sb + OFF_Q, kt, wg, wi, lane);
+#if MLA_FP8
+      if (it + 1 < t_end) fp8_store_tile(k8, sb + OFF_K + (st ^ 1u) * TILE_BYTES, tid);
+#endif
 
       // scale, mask, row max over this warpgroup's 32 columns
       const int c0 = it * MLA_BLOCK_N + 32 * wg + 2 * t;

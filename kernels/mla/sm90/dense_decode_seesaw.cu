@@ -62,6 +62,20 @@
 //           blocks they read (WG0: cb 0..3 of both slots, WG1: cb 4..7), fence.proxy.async, and sync
 //           their warpgroup (named barriers 6 / 7, 128 threads); this happens only in a split's last
 //           pair. No fence.proxy.async after the full waits (TMA writes are async-proxy).
+// FP8 mode (MLA_FP8=1, entry mla_dense_decode_seesaw_fp8, bf16 q; k_cache = FlashMLA's 656-byte rows:
+//           512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE; kernels/mla/common/fp8_rows.cuh): the consumers
+//           are unchanged and read the same bf16 tiles. The producer warpgroup (setmaxnreg 72, consumers
+//           216) fills a half tile in two steps: after its `empty` wait, cp.async of the raw codes into
+//           the half's own blocks 2-3 (cb 0..3) or 6-7 (cb 4..8), 16-byte units swizzled, and of the
+//           RoPE straight into cb 8 (one commit group per half; rows >= tok_end zero-filled, their
+//           scales read as 0); then, once the group landed (cp.async.wait_group + __syncwarp: a row's
+//           two halves come from two lanes), it dequantizes in place: cb C0, C0 + 1 from raw bytes
+//           0..127, a producer-warpgroup named barrier (id 8, 128 threads: all raw units read), then
+//           cb C0 + 2, C0 + 3 from bytes 128..255; one plain arrival per thread and block on the full
+//           barriers (128), the RoPE block's after the group's wait. The consumers' fence.proxy.async
+//           after their full waits covers these generic writes, as for cp.async data. Order per pair:
+//           issue K0 lo, issue K1 hi, convert K0 lo, issue K0 hi, convert K1 hi, issue K1 lo (after
+//           WG0 read K0 lo), convert K0 hi, convert K1 lo: no wait depends on a later conversion.
 // Barriers  named (256 consumer threads, one side arrives, the other syncs), per pair:
 //           1 SCALE0  WG0 -> WG1: sM = m0 and sScale0 = a0 written
 //           2 SCALE1  WG1 -> WG0: sM = m1 and sScale1 = a1 written
@@ -80,6 +94,9 @@
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
+#if MLA_FP8
+#include "../common/fp8_rows.cuh"
+#endif
 
 namespace mla {
 namespace seesaw {
@@ -102,23 +119,30 @@ static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for 
 static_assert(64u * MLA_MAX_SPLITS * 4u <= 2u * TILE, "merge weights must fit in the K slots");
 static_assert(MLA_BLOCK_M == 64 && MLA_BLOCK_N == 64, "tiling is fixed");
 constexpr int THREADS = 384;  // 2 consumer warpgroups + 1 producer warpgroup
-// setmaxnreg budgets (multiples of 8): 2 x 128 x 224 + 128 x 56 = 64512 <= 65536 registers
+// setmaxnreg budgets (multiples of 8): 2 x 128 x 224 + 128 x 56 = 64512 = 384 x 168 registers
+// FP8 build: 216 / 72 (2 x 128 x 216 + 128 x 72 = 64512; its producer dequantizes, and spills at 56).
+// The budgets must fit the CTA's launch allocation, 384 x 168 registers: setmaxnreg.inc waits until the
+// registers it asks for are free, so a larger sum deadlocks the consumers.
+#ifndef MLA_FP8
+#define MLA_FP8 0  // 1: k_cache in FlashMLA's 656-byte FP8 format (see the header comment)
+#endif
 #ifndef MLA_CONSUMER_REGS
-#define MLA_CONSUMER_REGS 224
+#define MLA_CONSUMER_REGS (MLA_FP8 ? 216 : 224)
 #endif
 #ifndef MLA_PRODUCER_REGS
-#define MLA_PRODUCER_REGS 56
+#define MLA_PRODUCER_REGS (MLA_FP8 ? 72 : 56)
 #endif
 constexpr int CONSUMER_REGS = MLA_CONSUMER_REGS;
 constexpr int PRODUCER_REGS = MLA_PRODUCER_REGS;
-static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && 256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536,
-              "setmaxnreg budgets exceed the register file");
+static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && 256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 384 * 168,
+              "setmaxnreg budgets exceed the CTA's launch allocation (384 threads x 168 registers)");
 
 enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5, BAR_WG0 = 6, BAR_WG1 = 7 };
 
 #ifndef MLA_TMA_K
 #define MLA_TMA_K 0  // 1: K tiles by TMA (one producer thread), see the header comment
 #endif
+static_assert(!(MLA_TMA_K && MLA_FP8), "the FP8 build loads K through registers, not by TMA");
 
 
 // After a consumer's wait on a full barrier: cp.async data (generic proxy) needs a proxy fence
@@ -335,6 +359,61 @@ GQADRV_DEVICE void tma_half(u32 slot, u32 bar, const TmaDesc* km, const TileSrc&
 }
 #endif
 
+#if MLA_FP8
+// FP8 mode (see the header comment): a half tile = code blocks C0 .. C0 + 3 of a slot (C0 = 0 or 4; for
+// C0 = 4 also the RoPE block 8). Its raw codes (64 rows x 256 bytes) land by cp.async in the slot's own
+// blocks C0 + 2 (bytes 0..127 of each row) and C0 + 3 (bytes 128..255), 16-byte units swizzled like the
+// bf16 blocks; producer thread x copies row x >> 1, bytes 128 (x & 1) .. + 127 (8 copies), and the RoPE
+// units 4 (x & 1) .. + 3 straight into block 8. One cp.async group per half.
+constexpr u32 BAR_FP8 = 8;  // named barrier of the producer warpgroup (128 threads)
+
+GQADRV_DEVICE void fp8_issue(const MlaDecodeArgs& a, u32 slot, const i32* bt_row, int kvh, int tile, int tok_end,
+                             int x, int c0, bool rope, float& s_a, float& s_b) {
+  const int r = x >> 1, sub = x & 1;
+  const u8* row = fp8::row_at(a, bt_row, kvh, tile * 64 + r, tok_end);
+  const bool ok = row != nullptr;
+  const u32 dst = slot + (u32)(c0 + 2 + sub) * CB;
+#pragma unroll
+  for (int u = 0; u < 8; ++u)
+    cp_async_16(dst + swz(r, u), ok ? (const void*)(row + 64 * c0 + 128 * sub + 16 * u) : (const void*)a.k_cache,
+                ok ? 16u : 0u);
+  if (rope) {
+#pragma unroll
+    for (int u = 4 * sub; u < 4 * sub + 4; ++u)
+      cp_async_16(slot + 8u * CB + swz(r, u), ok ? (const void*)(row + fp8::ROPE_AT + 16 * u) : (const void*)a.k_cache,
+                  ok ? 16u : 0u);
+  }
+  cp_async_commit();
+  s_a = s_b = 0.f;
+  if (ok) fp8::ld_f32x2_nc(row + fp8::SCALES_AT + 4 * (c0 / 2), s_a, s_b);
+}
+
+// Dequantize one landed half in place. Phase 1: raw bytes 0..127 (block C0 + 2) -> blocks C0, C0 + 1;
+// phase 2: raw bytes 128..255 (block C0 + 3) -> blocks C0 + 2, C0 + 3, written only after the producer
+// warpgroup's barrier (every thread has read its raw units of both phases by then). Thread x: row x >> 1,
+// raw units 4 (x & 1) .. + 3 of each phase = the 64 channels of output block C0 + (x & 1) (+ 2). Each
+// block completes on its full barrier with one arrival per thread. No fence.proxy.async here: it would
+// wait for this thread's copies of the other halves still in flight (measured: FP8 decode at half the
+// bf16 speed with it); the consumers fence after their full waits, as for the bf16 cp.async data.
+GQADRV_DEVICE void fp8_convert(u32 slot, u32 bar_slot0, int x, int c0, float s_a, float s_b) {
+  const int r = x >> 1, sub = x & 1;
+  __syncwarp();  // the partner lane's copies of this row (waited for by it) are visible after this
+  U32x4 c[4];
+  const u32 raw1 = slot + (u32)(c0 + 2) * CB, raw2 = raw1 + CB;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) c[j] = lds_u32x4(raw1 + swz(r, 4 * sub + j));
+  fp8::dequant_block_row(c, s_a, slot + (u32)(c0 + sub) * CB, r);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) c[j] = lds_u32x4(raw2 + swz(r, 4 * sub + j));
+  mbar_arrive(bar_slot0 + 8u * (u32)c0);
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 1));
+  named_bar_sync(BAR_FP8, 128);  // all raw reads of this half done: blocks C0 + 2, C0 + 3 may be overwritten
+  fp8::dequant_block_row(c, s_b, slot + (u32)(c0 + 2 + sub) * CB, r);
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 2));
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 3));
+}
+#endif
+
 GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
@@ -347,6 +426,9 @@ GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
 extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     mla_dense_decode_seesaw_tma(const __grid_constant__ TmaDesc k_lo, const __grid_constant__ TmaDesc k_hi,
                                 const __grid_constant__ MlaDecodeArgs a) {
+#elif MLA_FP8
+extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
+    mla_dense_decode_seesaw_fp8(const __grid_constant__ MlaDecodeArgs a) {
 #else
 extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     mla_dense_decode_seesaw(const __grid_constant__ MlaDecodeArgs a) {
@@ -450,6 +532,36 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
         s0 = n0;
         s1 = n1;
+      }
+#elif MLA_FP8
+      const int x = tid - 256;
+#pragma unroll 1
+      for (int it = 0; it < npairs; ++it) {
+        const int T0 = t_beg + 2 * it;
+        const u32 pe = (u32)(it & 1) ^ 1u;  // empty parity: the first fill of every block is free
+        // Each half is converted once the next one's copies are issued: waits and conversions alternate,
+        // so no conversion waits for a later release. Every wait here is for a release that depends only
+        // on halves already converted: empty(1,1) / empty(0,1) on WG1's previous pair, empty(1,0) on WG0
+        // having read this pair's K0 cb 0..3 (converted before that wait).
+        float s0a, s0b, s1a, s1b, s2a, s2b, s3a, s3b;
+        mbar_wait_wd(empty_bar(sb, 0, 0), pe);
+        fp8_issue(a, sb + OFF_K0, bt_row, kvh, T0, tok_end, x, 0, false, s0a, s0b);
+        mbar_wait_wd(empty_bar(sb, 1, 1), pe);
+        fp8_issue(a, sb + OFF_K1, bt_row, kvh, T0 + 1, tok_end, x, 4, true, s1a, s1b);
+        cp_async_wait<1>();  // K0 cb 0..3 landed
+        fp8_convert(sb + OFF_K0, full_bar(sb, 0, 0), x, 0, s0a, s0b);
+        mbar_wait_wd(empty_bar(sb, 0, 1), pe);
+        fp8_issue(a, sb + OFF_K0, bt_row, kvh, T0, tok_end, x, 4, true, s2a, s2b);
+        cp_async_wait<1>();  // K1 cb 4..8 landed
+        mbar_arrive(full_bar(sb, 1, 8));  // RoPE of K1: in the group just completed
+        fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 4, s1a, s1b);
+        mbar_wait_wd(empty_bar(sb, 1, 0), pe);
+        fp8_issue(a, sb + OFF_K1, bt_row, kvh, T0 + 1, tok_end, x, 0, false, s3a, s3b);
+        cp_async_wait<1>();  // K0 cb 4..8 landed
+        mbar_arrive(full_bar(sb, 0, 8));  // RoPE of K0
+        fp8_convert(sb + OFF_K0, full_bar(sb, 0, 0), x, 4, s2a, s2b);
+        cp_async_wait<0>();  // K1 cb 0..3 landed
+        fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 0, s3a, s3b);
       }
 #else
 #pragma unroll 1

@@ -181,15 +181,8 @@ GQADRV_DEVICE void dequantize_token(const MlaFp8CacheArgs& a, int token, int lan
   U32x4 rope = U32x4{0u, 0u, 0u, 0u};
   if (lane < 8) rope = load16<VEC>(src + MLA_FP8_ROPE_OFFSET + 16 * lane);
 
-  const u32 cw[4] = {c.x, c.y, c.z, c.w};
   u32 o[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v0, v1, v2, v3;
-    e4m3x4_to_f32(cw[i], v0, v1, v2, v3);
-    o[2 * i] = bf16x2_canonical(__fmul_rn(v0, s), __fmul_rn(v1, s));
-    o[2 * i + 1] = bf16x2_canonical(__fmul_rn(v2, s), __fmul_rn(v3, s));
-  }
+  e4m3x16_dequant_bf16<true>(c, s, o);
   store16<VEC>(dst + 32 * lane, U32x4{o[0], o[1], o[2], o[3]});
   store16<VEC>(dst + 32 * lane + 16, U32x4{o[4], o[5], o[6], o[7]});
   if (lane < 8) store16<VEC>(dst + 1024 + 16 * lane, rope);
