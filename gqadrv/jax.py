@@ -6,6 +6,9 @@
     out = gj.gqa_decode_paged(q, k_pages, v_pages, block_table, seq_lens)
     v, s = gj.merge_state(v_a, s_a, v_b, s_b)
     out, lse = gj.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512)
+    codes, scale = gj.quantize_kv_fp8(k)
+    k8 = gj.quantize_k_cache(k_bf16); k16 = gj.dequantize_k_cache(k8)
+    out, lse = gj.flash_mla_with_kvcache(q, k8, block_table, cache_seqlens, 512, is_fp8_kvcache=True)
 
 Each call becomes one XLA custom call whose Python callback receives JAX's CUDA stream
 (``ExecutionContext.stream``) and XLA's device buffers (``Buffer``: DLPack-exportable, C-contiguous,
@@ -13,7 +16,8 @@ inputs read-only, outputs writable). The callback hands them to gqadrv as inputs
 ``lse=`` and launches on that stream, so the outputs are JAX-owned and ordered like any other XLA op.
 Lengths and block tables are JAX arrays read on the device, so one compiled function serves every
 length. The scalar options (``q_scale``, ``sm_scale``, ``softmax_scale``, ``causal``, ``num_splits``,
-``backend``) are static Python values, not traced arrays.
+``backend``, ``is_fp8_kvcache``, ``head_axis``, a numeric quantizer scale) are static Python values, not
+traced arrays.
 
 The callback runs at every execution (it is not recorded into XLA command buffers), costing one
 Python call and gqadrv's convenience-call host time per op. gqadrv's split workspace comes from its
@@ -37,17 +41,24 @@ except ImportError as exc:  # jax < 0.7
                       "pip install 'gqadrv[jax]'") from exc
 
 import functools
+import numbers
 from collections.abc import Callable
 from typing import Any, cast
 
 from .gqa.api import gqa_decode as _gqa_decode
+from .gqa.kv_fp8 import check_head_axis as _check_head_axis
+from .gqa.kv_fp8 import check_scale_value as _check_scale_value
+from .gqa.kv_fp8 import quantize_kv_fp8 as _quantize_kv_fp8
 from .gqa.merge import merge_state as _merge_state
 from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla.api import flash_mla_with_kvcache as _flash_mla
+from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
+from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
 from .runtime.driver import device_scope
 
-__all__ = ["flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state", "merge_states"]
+__all__ = ["dequantize_k_cache", "flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state",
+           "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
 
 _CACHE = 256  # compiled-callable cache entries per op (static options x shapes)
 
@@ -259,9 +270,29 @@ def merge_states(v: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 # ----------------------------------------------------------------------------- MLA decode
+_MLA_FP8_ROW_BYTES = 656   # FlashMLA's V3.2 FP8 cache: 512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE channels
+_MLA_D_QK = 576
+_FP8_CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")
+
+
+def _as_fp8_bytes(x: jax.Array) -> jax.Array:
+    """A float8_e4m3fn array as its uint8 bits (an XLA bitcast: same shape, same bytes), because a
+    callback's float8 buffer may not be DLPack-exportable; uint8 / int8 pass unchanged."""
+    if jnp.dtype(x.dtype).name == "float8_e4m3fn":
+        return jax.lax.bitcast_convert_type(x, jnp.uint8)
+    return x
+
+
+def _static_bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a static Python bool, got {type(v).__name__}")
+    return v
+
+
 @functools.lru_cache(maxsize=_CACHE)
 def _mla_callable(q_shape: tuple[int, ...], dtype: Any, head_dim_v: int, num_splits: int | None,
-                  softmax_scale: float | None, causal: bool, backend: str | None) -> Callable[..., Any]:
+                  softmax_scale: float | None, causal: bool, backend: str | None,
+                  is_fp8_kvcache: bool = False) -> Callable[..., Any]:
     b, s_q, h_q, _ = q_shape
     result = (_sds((b, s_q, h_q, head_dim_v), dtype), _sds((b, h_q, s_q), jnp.float32))
 
@@ -270,26 +301,159 @@ def _mla_callable(q_shape: tuple[int, ...], dtype: Any, head_dim_v: int, num_spl
         stream, ordinal = _cuda_target(ctx, q)
         with device_scope(ordinal):  # the callback runs on an XLA thread: XLA's context
             _flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, None, num_splits, softmax_scale, causal,
-                       out=out, lse=lse, stream=stream, backend=backend)  # type: ignore[arg-type]
+                       is_fp8_kvcache=is_fp8_kvcache, out=out, lse=lse, stream=stream,
+                       backend=backend)  # type: ignore[arg-type]
 
     return cast("Callable[..., Any]", buffer_callback(run, result))
 
 
 def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Array, cache_seqlens: jax.Array,
                            head_dim_v: int = 512, tile_scheduler_metadata: Any = None, num_splits: int | None = None,
-                           softmax_scale: float | None = None, causal: bool = False, *,
+                           softmax_scale: float | None = None, causal: bool = False, is_fp8_kvcache: bool = False, *,
                            backend: str | None = None) -> tuple[jax.Array, jax.Array]:
     """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense path) as an XLA custom call.
 
     Returns new JAX arrays ``(out [b, s_q, h_q, head_dim_v] in q's dtype, lse fp32 [b, h_q, s_q])``.
     ``tile_scheduler_metadata`` is accepted for FlashMLA compatibility and ignored.
+    ``is_fp8_kvcache=True`` (static): k_cache is FlashMLA's 656-byte FP8 cache [num_blocks, page_size,
+    h_kv, 656] (uint8 / int8 / float8_e4m3fn, as ``quantize_k_cache`` writes it) and q must be bfloat16.
     """
     del tile_scheduler_metadata
     if jnp.ndim(q) != 4:
         raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache expects q [b, s_q, h_q, d], got rank {jnp.ndim(q)}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
         raise TypeError(f"num_splits must be None or a static int, got {type(num_splits).__name__}")
+    fp8 = _static_bool("is_fp8_kvcache", is_fp8_kvcache)
+    if fp8:
+        if jnp.dtype(q.dtype) != jnp.bfloat16:
+            raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
+        if (jnp.ndim(k_cache) != 4 or k_cache.shape[-1] != _MLA_FP8_ROW_BYTES
+                or jnp.dtype(k_cache.dtype).name not in _FP8_CACHE_DTYPES):
+            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs k_cache [num_blocks, "
+                             f"page_size, h_kv, {_MLA_FP8_ROW_BYTES}] of dtype {' / '.join(_FP8_CACHE_DTYPES)}, got "
+                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
+        k_cache = _as_fp8_bytes(k_cache)
     fn = _mla_callable(tuple(q.shape), jnp.dtype(q.dtype), int(head_dim_v), num_splits,
-                       _static_float("softmax_scale", softmax_scale), bool(causal), backend)
+                       _static_float("softmax_scale", softmax_scale), bool(causal), backend, fp8)
     out, lse = fn(q, k_cache, block_table, cache_seqlens)
     return out, lse
+
+
+# ----------------------------------------------------------------------------- FP8 KV quantizer
+_KV_FP8_INPUTS = ("float16", "bfloat16", "float32")
+
+
+@functools.lru_cache(maxsize=_CACHE)
+def _kv_fp8_callable(shape: tuple[int, ...], mode: str, value: float | None,
+                     head_axis: int | None) -> Callable[..., Any]:
+    """``mode``: "computed" (outputs codes and the float32 () scale), "value" (a static number: codes
+    only), "array" (a float32 device scale operand, per tensor or per head along ``head_axis``: codes
+    only)."""
+    codes_t = _sds(shape, jnp.uint8)
+
+    def run_computed(ctx: Any, outs: Any, x: Any) -> None:
+        codes, scale = outs
+        stream, ordinal = _cuda_target(ctx, x)
+        with device_scope(ordinal):
+            _quantize_kv_fp8(x, None, out=codes, out_scale=scale, stream=stream)
+
+    def run_value(ctx: Any, codes: Any, x: Any) -> None:
+        stream, ordinal = _cuda_target(ctx, x)
+        with device_scope(ordinal):
+            _quantize_kv_fp8(x, value, out=codes, stream=stream)
+
+    def run_array(ctx: Any, codes: Any, x: Any, scale: Any) -> None:
+        stream, ordinal = _cuda_target(ctx, x)
+        with device_scope(ordinal):
+            _quantize_kv_fp8(x, scale, head_axis=head_axis, out=codes, stream=stream)
+
+    if mode == "computed":
+        return cast("Callable[..., Any]", buffer_callback(run_computed, (codes_t, _sds((), jnp.float32))))
+    return cast("Callable[..., Any]", buffer_callback(run_value if mode == "value" else run_array, codes_t))
+
+
+def quantize_kv_fp8(x: jax.Array, scale: Any = None, *, head_axis: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """``gqadrv.quantize_kv_fp8`` as an XLA custom call: ``(codes, scale)`` with codes a new uint8 array
+    of x's shape (e4m3 bits; ``jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)`` gives JAX's float8).
+
+    x float16 / bfloat16 / float32, any shape. ``scale``:
+
+    * None: computed on the device (``max(amax / 448, 2^-126)``); returned as a new float32 array ().
+    * a Python / numpy number > 0: static (baked into the callback); returned as ``jnp.float32(scale)``.
+    * a float32 array (one element, or [H] with the static ``head_axis``): an operand read on the
+      device (it may change between calls under jit); returned as given.
+    """
+    if jnp.dtype(x.dtype).name not in _KV_FP8_INPUTS:
+        raise TypeError(f"gqadrv.jax.quantize_kv_fp8 expects x float16, bfloat16 or float32, got {x.dtype}")
+    shape = tuple(x.shape)
+    if scale is None:
+        if head_axis is not None:
+            raise ValueError("head_axis selects per-head scales, which must be given (scale=array [H]); a computed "
+                             "scale is per tensor: pass head_axis=None")
+        codes, s = _kv_fp8_callable(shape, "computed", None, None)(x)
+        return codes, s
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        if head_axis is not None:
+            raise ValueError("head_axis needs per-head scales as a float32 array [H], not a number")
+        value = _check_scale_value(scale)   # float32(scale), validated as the library does
+        codes = _kv_fp8_callable(shape, "value", value, None)(x)
+        return codes, jnp.asarray(value, dtype=jnp.float32)
+    if not hasattr(scale, "shape") or not hasattr(scale, "dtype"):
+        raise TypeError(f"scale must be None, a number or a float32 array, got {type(scale).__name__}")
+    if jnp.dtype(scale.dtype) != jnp.float32:
+        raise TypeError(f"a device scale must be float32, got {scale.dtype}")
+    axis = None
+    if head_axis is None:
+        if int(jnp.size(scale)) != 1:
+            raise ValueError(f"a per-tensor scale has one element (shape () or (1,)), got {tuple(scale.shape)}; "
+                             "per-KV-head scales [H] need head_axis (the axis of x that indexes them)")
+    else:
+        axis = _check_head_axis(head_axis, len(shape))
+        if tuple(scale.shape) != (shape[axis],):
+            raise ValueError(f"per-head scales must have shape ({shape[axis]},) (x.shape[{head_axis}]), got "
+                             f"{tuple(scale.shape)}")
+    codes = _kv_fp8_callable(shape, "array", None, axis)(x, scale)
+    return codes, scale
+
+
+# ----------------------------------------------------------------------------- FP8 MLA cache (656 bytes per token)
+def _k_cache_shape(op: str, k: Any, last: int, dtypes: tuple[str, ...]) -> tuple[int, int]:
+    if jnp.ndim(k) != 4 or k.shape[2] != 1 or k.shape[3] != last:
+        raise ValueError(f"gqadrv.jax.{op} expects [num_blocks, page_size, 1, {last}], got {tuple(k.shape)}")
+    if jnp.dtype(k.dtype).name not in dtypes:
+        raise TypeError(f"gqadrv.jax.{op} expects dtype {' or '.join(dtypes)}, got {k.dtype}")
+    return int(k.shape[0]), int(k.shape[1])
+
+
+@functools.lru_cache(maxsize=_CACHE)
+def _k_cache_callable(nb: int, page: int, quantize: bool) -> Callable[..., Any]:
+    def run_quantize(ctx: Any, out: Any, k: Any) -> None:
+        stream, ordinal = _cuda_target(ctx, k)
+        with device_scope(ordinal):
+            _quantize_k_cache(k, out=out, stream=stream)
+
+    def run_dequantize(ctx: Any, out: Any, k: Any) -> None:
+        stream, ordinal = _cuda_target(ctx, k)
+        with device_scope(ordinal):
+            _dequantize_k_cache(k, out=out, stream=stream)
+
+    if quantize:
+        return cast("Callable[..., Any]", buffer_callback(run_quantize, _sds((nb, page, 1, _MLA_FP8_ROW_BYTES),
+                                                                             jnp.uint8)))
+    return cast("Callable[..., Any]", buffer_callback(run_dequantize, _sds((nb, page, 1, _MLA_D_QK), jnp.bfloat16)))
+
+
+def quantize_k_cache(k_bf16: jax.Array) -> jax.Array:
+    """``gqadrv.quantize_k_cache`` as an XLA custom call: bf16 [num_blocks, page, 1, 576] to a new uint8
+    [num_blocks, page, 1, 656] (FlashMLA's V3.2 FP8 format)."""
+    nb, page = _k_cache_shape("quantize_k_cache", k_bf16, _MLA_D_QK, ("bfloat16",))
+    out: jax.Array = _k_cache_callable(nb, page, True)(k_bf16)
+    return out
+
+
+def dequantize_k_cache(k_fp8: jax.Array) -> jax.Array:
+    """``gqadrv.dequantize_k_cache`` as an XLA custom call: uint8 / int8 / float8_e4m3fn [num_blocks,
+    page, 1, 656] to a new bf16 [num_blocks, page, 1, 576] (float8 is bitcast to uint8 first)."""
+    nb, page = _k_cache_shape("dequantize_k_cache", k_fp8, _MLA_FP8_ROW_BYTES, _FP8_CACHE_DTYPES)
+    out: jax.Array = _k_cache_callable(nb, page, False)(_as_fp8_bytes(k_fp8))
+    return out

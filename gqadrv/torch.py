@@ -7,6 +7,10 @@
     v, s = gt.merge_state(v_a, s_a, v_b, s_b)                   # torch.ops.gqadrv.merge_state
     v, s = gt.merge_states(v_stacked, s_stacked)                # torch.ops.gqadrv.merge_states
     out, lse = gt.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512)
+    codes, scale = gt.quantize_kv_fp8(k)                        # torch.ops.gqadrv.quantize_kv_fp8
+    k8 = gt.quantize_k_cache(k_bf16)                            # torch.ops.gqadrv.quantize_k_cache
+    k16 = gt.dequantize_k_cache(k8)                             # torch.ops.gqadrv.dequantize_k_cache
+    out, lse = gt.flash_mla_with_kvcache(q, k8, block_table, cache_seqlens, 512, is_fp8_kvcache=True)
 
 Each op is registered with ``torch.library.custom_op`` in the ``gqadrv`` namespace, functional (no
 argument is mutated; the outputs are new tensors that alias nothing) and with a fake implementation
@@ -35,16 +39,20 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
     raise ImportError(f"gqadrv.torch needs PyTorch >= 2.4 (torch.library.custom_op); found torch {torch.__version__}: "
                       "pip install 'gqadrv[torch]'")
 
+import numbers
 from typing import Any
 
 from .gqa.api import gqa_decode as _gqa_decode
+from .gqa.kv_fp8 import quantize_kv_fp8 as _quantize_kv_fp8
 from .gqa.merge import merge_state as _merge_state
 from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla.api import flash_mla_with_kvcache as _flash_mla
+from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
+from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
 
-__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state",
-           "merge_states"]
+__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "dequantize_k_cache", "flash_mla_with_kvcache", "gqa_decode",
+           "gqa_decode_paged", "merge_state", "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
 
 NAMESPACE = "gqadrv"
 MLA_LSE_DTYPE = torch.float32
@@ -60,8 +68,14 @@ _PAGED_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor block_table
                  "-> (Tensor, Tensor)")
 _MERGE_PAIR_SCHEMA = "(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b) -> (Tensor, Tensor)"
 _MERGE_STACKED_SCHEMA = "(Tensor v, Tensor s) -> (Tensor, Tensor)"
+# is_fp8_kvcache last and defaulted: callers of the schema without it (a bf16 / fp16 cache) keep working
 _MLA_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, int? num_splits, "
-               "float? softmax_scale, bool causal, str? backend) -> (Tensor, Tensor)")
+               "float? softmax_scale, bool causal, str? backend, bool is_fp8_kvcache=False) -> (Tensor, Tensor)")
+# the FP8 KV quantizer: the scale is a float32 tensor (scale_t) or a number (scale_f), or neither (computed);
+# the second output is always a float32 tensor (the computed scale, the number, or a copy of scale_t)
+_KV_FP8_SCHEMA = "(Tensor x, Tensor? scale_t, float? scale_f, int? head_axis) -> (Tensor, Tensor)"
+_K_CACHE_Q_SCHEMA = "(Tensor k_bf16) -> Tensor"
+_K_CACHE_DQ_SCHEMA = "(Tensor k_fp8) -> Tensor"
 
 
 def _stream(t: torch.Tensor) -> int:
@@ -284,6 +298,15 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 # ----------------------------------------------------------------------------- MLA decode
+_MLA_FP8_ROW_BYTES = 656   # FlashMLA's V3.2 FP8 cache: 512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE channels
+_MLA_D_QK = 576
+_FP8_CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
 def _mla_shapes(q: torch.Tensor, head_dim_v: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if q.dim() != 4:
         raise ValueError(f"gqadrv::flash_mla_with_kvcache expects q [b, s_q, h_q, d], got rank {q.dim()}")
@@ -291,43 +314,179 @@ def _mla_shapes(q: torch.Tensor, head_dim_v: int) -> tuple[tuple[int, ...], tupl
     return (b, s_q, h_q, head_dim_v), (b, h_q, s_q)
 
 
+def _check_mla_fp8(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Trace-time form of gqadrv's FP8-cache rules (bf16 q; uint8 / int8 / float8_e4m3fn [..., 656])."""
+    if q.dtype != torch.bfloat16:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
+    if k_cache.dim() != 4 or k_cache.shape[-1] != _MLA_FP8_ROW_BYTES or _dtype_name(k_cache) not in _FP8_CACHE_DTYPES:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: is_fp8_kvcache=True needs k_cache [num_blocks, page_size, "
+                         f"h_kv, {_MLA_FP8_ROW_BYTES}] of dtype {' / '.join(_FP8_CACHE_DTYPES)}, got "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype}")
+
+
 @torch.library.custom_op(f"{NAMESPACE}::flash_mla_with_kvcache", mutates_args=(), device_types="cuda",
                          schema=_MLA_SCHEMA)
 def _flash_mla_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                   head_dim_v: int, num_splits: int | None, softmax_scale: float | None, causal: bool,
-                  backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  backend: str | None, is_fp8_kvcache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out_shape, lse_shape = _mla_shapes(q, head_dim_v)
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=MLA_LSE_DTYPE, device=q.device)
     _flash_mla(q.detach(), k_cache.detach(), block_table.detach(), cache_seqlens.detach(), head_dim_v, None,
-               num_splits, softmax_scale, causal, out=out, lse=lse, stream=_stream(q),
-               backend=backend)  # type: ignore[arg-type]
+               num_splits, softmax_scale, causal, is_fp8_kvcache=is_fp8_kvcache, out=out, lse=lse,
+               stream=_stream(q), backend=backend)  # type: ignore[arg-type]
     return out, lse
 
 
 @_flash_mla_op.register_fake
 def _flash_mla_fake(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     head_dim_v: int, num_splits: int | None, softmax_scale: float | None, causal: bool,
-                    backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    backend: str | None, is_fp8_kvcache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out_shape, lse_shape = _mla_shapes(q, head_dim_v)
+    if is_fp8_kvcache:
+        _check_mla_fp8(q, k_cache)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=MLA_LSE_DTYPE)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                            cache_seqlens: torch.Tensor, head_dim_v: int = 512, tile_scheduler_metadata: Any = None,
                            num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
-                           *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           is_fp8_kvcache: bool = False, *,
+                           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense path) as the custom op
     ``torch.ops.gqadrv.flash_mla_with_kvcache``.
 
     Returns new tensors ``(out [b, s_q, h_q, head_dim_v] in q's dtype, lse fp32 [b, h_q, s_q])``.
     ``tile_scheduler_metadata`` is accepted for FlashMLA compatibility and ignored (gqadrv plans the
     splits on the device; ``num_splits`` forces a count). ``softmax_scale`` is absolute (default
-    ``576 ** -0.5``).
+    ``576 ** -0.5``). ``is_fp8_kvcache=True``: k_cache is FlashMLA's 656-byte FP8 cache
+    [num_blocks, page_size, h_kv, 656] (uint8 / int8 / float8_e4m3fn, as ``quantize_k_cache`` writes
+    it) and q must be bfloat16.
     """
     del tile_scheduler_metadata
     out, lse = torch.ops.gqadrv.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, int(head_dim_v),
                                                        None if num_splits is None else int(num_splits),
                                                        None if softmax_scale is None else float(softmax_scale),
-                                                       bool(causal), backend)
+                                                       bool(causal), backend, bool(is_fp8_kvcache))
     return out, lse
+
+
+# ----------------------------------------------------------------------------- FP8 KV quantizer
+_KV_FP8_INPUTS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_kv_fp8(x: torch.Tensor, scale_t: torch.Tensor | None, scale_f: float | None,
+                  head_axis: int | None) -> None:
+    """Trace-time form of gqadrv's argument rules (the library checks everything again at run time)."""
+    if x.dtype not in _KV_FP8_INPUTS:
+        raise TypeError(f"gqadrv::quantize_kv_fp8 expects x float16, bfloat16 or float32, got {x.dtype}")
+    if scale_t is not None and scale_f is not None:
+        raise ValueError("gqadrv::quantize_kv_fp8 takes the scale as a tensor (scale_t) or a number (scale_f), "
+                         "not both")
+    if head_axis is not None and scale_t is None:
+        raise ValueError("head_axis selects per-head scales, which must be given as a float32 tensor [H] "
+                         "(scale=...); a computed or numeric scale is per tensor: pass head_axis=None")
+    if scale_t is not None and scale_t.dtype != torch.float32:
+        raise TypeError(f"gqadrv::quantize_kv_fp8: a tensor scale must be float32, got {scale_t.dtype}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::quantize_kv_fp8", mutates_args=(), device_types="cuda",
+                         schema=_KV_FP8_SCHEMA)
+def _quantize_kv_fp8_op(x: torch.Tensor, scale_t: torch.Tensor | None, scale_f: float | None,
+                        head_axis: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_kv_fp8(x, scale_t, scale_f, head_axis)
+    xd = x.detach().contiguous()
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    if scale_t is not None:  # a device scale, read by the kernel; returned as a copy (outputs alias no input)
+        _quantize_kv_fp8(xd, scale_t.detach(), head_axis=head_axis, out=codes, stream=_stream(x))
+        return codes, scale_t.detach().clone()
+    if scale_f is not None:  # a number: returned as float32(scale) in a new 0-d tensor
+        _, value = _quantize_kv_fp8(xd, scale_f, out=codes, stream=_stream(x))
+        return codes, torch.full((), float(value), dtype=torch.float32, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)  # computed on the device, never read back
+    _quantize_kv_fp8(xd, None, out=codes, out_scale=scale, stream=_stream(x))
+    return codes, scale
+
+
+@_quantize_kv_fp8_op.register_fake
+def _quantize_kv_fp8_fake(x: torch.Tensor, scale_t: torch.Tensor | None, scale_f: float | None,
+                          head_axis: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_kv_fp8(x, scale_t, scale_f, head_axis)
+    scale = torch.empty_like(scale_t) if scale_t is not None else x.new_empty((), dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=torch.uint8), scale
+
+
+def quantize_kv_fp8(x: torch.Tensor, scale: Any = None, *,
+                    head_axis: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gqadrv.quantize_kv_fp8`` as the custom op ``torch.ops.gqadrv.quantize_kv_fp8``.
+
+    x float16 / bfloat16 / float32, any shape. ``scale``: None (computed on the device, ``max(amax /
+    448, 2^-126)``), a number > 0, a float32 tensor of one element, or float32 [H] with ``head_axis``
+    (per-KV-head scales). Returns new tensors ``(codes, scale)``: codes uint8 of x's shape (e4m3
+    bits: ``codes.view(torch.float8_e4m3fn)`` gives torch's float8 view), and the scale always as a
+    float32 tensor: the computed one (shape ()), ``float32(scale)`` for a number (shape ()), or a
+    copy of the given tensor (the op's outputs never alias its inputs).
+    """
+    if scale is None or isinstance(scale, torch.Tensor):
+        scale_t, scale_f = scale, None
+    elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        scale_t, scale_f = None, float(scale)
+    else:
+        raise TypeError(f"scale must be None, a number or a float32 tensor, got {type(scale).__name__}")
+    if head_axis is not None and (isinstance(head_axis, bool) or not isinstance(head_axis, numbers.Integral)):
+        raise TypeError(f"head_axis must be None or an int, got {type(head_axis).__name__}")
+    codes, s = torch.ops.gqadrv.quantize_kv_fp8(x, scale_t, scale_f, None if head_axis is None else int(head_axis))
+    return codes, s
+
+
+# ----------------------------------------------------------------------------- FP8 MLA cache (656 bytes per token)
+def _k_cache_shape(op: str, k: torch.Tensor, last: int, dtypes: tuple[str, ...]) -> tuple[int, int]:
+    if k.dim() != 4 or k.shape[2] != 1 or k.shape[3] != last:
+        raise ValueError(f"gqadrv::{op} expects [num_blocks, page_size, 1, {last}], got {tuple(k.shape)}")
+    if _dtype_name(k) not in dtypes:
+        raise TypeError(f"gqadrv::{op} expects dtype {' or '.join(dtypes)}, got {k.dtype}")
+    return k.shape[0], k.shape[1]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::quantize_k_cache", mutates_args=(), device_types="cuda",
+                         schema=_K_CACHE_Q_SCHEMA)
+def _quantize_k_cache_op(k_bf16: torch.Tensor) -> torch.Tensor:
+    nb, page = _k_cache_shape("quantize_k_cache", k_bf16, _MLA_D_QK, ("bfloat16",))
+    out = torch.empty((nb, page, 1, _MLA_FP8_ROW_BYTES), dtype=torch.uint8, device=k_bf16.device)
+    _quantize_k_cache(k_bf16.detach(), out=out, stream=_stream(k_bf16))
+    return out
+
+
+@_quantize_k_cache_op.register_fake
+def _quantize_k_cache_fake(k_bf16: torch.Tensor) -> torch.Tensor:
+    nb, page = _k_cache_shape("quantize_k_cache", k_bf16, _MLA_D_QK, ("bfloat16",))
+    return k_bf16.new_empty((nb, page, 1, _MLA_FP8_ROW_BYTES), dtype=torch.uint8)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::dequantize_k_cache", mutates_args=(), device_types="cuda",
+                         schema=_K_CACHE_DQ_SCHEMA)
+def _dequantize_k_cache_op(k_fp8: torch.Tensor) -> torch.Tensor:
+    nb, page = _k_cache_shape("dequantize_k_cache", k_fp8, _MLA_FP8_ROW_BYTES, _FP8_CACHE_DTYPES)
+    out = torch.empty((nb, page, 1, _MLA_D_QK), dtype=torch.bfloat16, device=k_fp8.device)
+    _dequantize_k_cache(k_fp8.detach(), out=out, stream=_stream(k_fp8))
+    return out
+
+
+@_dequantize_k_cache_op.register_fake
+def _dequantize_k_cache_fake(k_fp8: torch.Tensor) -> torch.Tensor:
+    nb, page = _k_cache_shape("dequantize_k_cache", k_fp8, _MLA_FP8_ROW_BYTES, _FP8_CACHE_DTYPES)
+    return k_fp8.new_empty((nb, page, 1, _MLA_D_QK), dtype=torch.bfloat16)
+
+
+def quantize_k_cache(k_bf16: torch.Tensor) -> torch.Tensor:
+    """``gqadrv.quantize_k_cache`` as ``torch.ops.gqadrv.quantize_k_cache``: bf16 [num_blocks, page, 1,
+    576] to a new uint8 [num_blocks, page, 1, 656] (FlashMLA's V3.2 FP8 format)."""
+    out: torch.Tensor = torch.ops.gqadrv.quantize_k_cache(k_bf16)
+    return out
+
+
+def dequantize_k_cache(k_fp8: torch.Tensor) -> torch.Tensor:
+    """``gqadrv.dequantize_k_cache`` as ``torch.ops.gqadrv.dequantize_k_cache``: uint8 / int8 /
+    float8_e4m3fn [num_blocks, page, 1, 656] to a new bf16 [num_blocks, page, 1, 576]."""
+    out: torch.Tensor = torch.ops.gqadrv.dequantize_k_cache(k_fp8)
+    return out

@@ -1,7 +1,8 @@
 """CPU tests of the framework integrations (gqadrv.torch, gqadrv.jax): clear ImportErrors without the
 framework, a core that never imports torch / JAX, and, where torch / JAX are importable, the traced
 side (fake implementations, schemas, Dynamo graph breaks, JAX abstract evaluation and lowering).
-GPU execution is in test_torch_gpu.py / test_jax_gpu.py."""
+GPU execution is in test_torch_gpu.py / test_jax_gpu.py; the FP8 wrappers' CPU tests are in
+test_integrations_fp8_host.py."""
 
 from __future__ import annotations
 
@@ -122,7 +123,9 @@ def test_torch_ops_are_registered_functional():
     torch, _gt = _torch()  # registers the ops
     for op in (torch.ops.gqadrv.gqa_decode.default, torch.ops.gqadrv.flash_mla_with_kvcache.default,
                torch.ops.gqadrv.gqa_decode_lse.default, torch.ops.gqadrv.gqa_decode_paged.default,
-               torch.ops.gqadrv.merge_state.default, torch.ops.gqadrv.merge_states.default):
+               torch.ops.gqadrv.merge_state.default, torch.ops.gqadrv.merge_states.default,
+               torch.ops.gqadrv.quantize_kv_fp8.default, torch.ops.gqadrv.quantize_k_cache.default,
+               torch.ops.gqadrv.dequantize_k_cache.default):
         schema = op._schema
         assert schema.name.startswith("gqadrv::")
         assert not schema.is_mutable, f"{schema} must not mutate its arguments"
