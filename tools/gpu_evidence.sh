@@ -14,7 +14,9 @@
 # paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged routes under tuning
 # switches); step_bench (`bench --op gqa_step`: a 64-layer decode step, a distinct KV cache per
 # layer, in one CUDA graph at B1 / B16 C4096, us per layer for gqadrv and FlashInfer; needs ~35 GB
-# of GPU memory at B16; not yet run on a GPU: with a cold FlashInfer JIT cache its compiles add).
+# of GPU memory at B16; first run 2026-12-01); mla_fp8_bench (`bench --op mla_fp8`: MLA decode on the
+# 656-byte FP8 cache against our bf16 cache); mla_fp8_ncu (Nsight Compute on the FP8 and the bf16 MLA
+# kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py).
 # Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
@@ -54,6 +56,18 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
+  mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
+                   > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
+  mla_fp8_ncu) NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+               if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/mla_fp8_ncu.txt"; continue; fi
+               for k in mla_dense_decode_seesaw_fp8 mla_dense_decode_seesaw_tma; do
+                 echo "=== $k"
+                 "$NCU" --clock-control none -k "regex:$k" --launch-skip 1 --launch-count 1 --import-source no \
+                   --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
+                   --section WarpStateStats --section SourceCounters --print-details all \
+                   python3 benchmarks/ncu_mla_target.py 128,64,8192 2>&1 | grep -v "^==PROF==" | grep -E \
+                   "mla_dense|Duration|Throughput|Busy|Eligible|Issued|Stall|stall|Location|Sampl|cycles|DRAM|L2"
+               done > "$OUT/mla_fp8_ncu.txt" 2>&1 ;;
   integrations) python3 -m pytest -q -m gpu --timeout=300 -p no:cacheprovider -rf tests/integrations \
                   > "$OUT/integrations.txt" 2>&1 ;;
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
@@ -75,5 +89,6 @@ tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tai
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
+grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null
 cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
 tail -4 "$OUT/integrations.txt" 2>/dev/null
