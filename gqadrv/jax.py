@@ -53,6 +53,7 @@ from .gqa.merge import merge_state as _merge_state
 from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla.api import flash_mla_with_kvcache as _flash_mla
+from .mla import contract as _mla_contract
 from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
 from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
 from .runtime.driver import device_scope
@@ -270,9 +271,10 @@ def merge_states(v: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 # ----------------------------------------------------------------------------- MLA decode
-_MLA_FP8_ROW_BYTES = 656   # FlashMLA's V3.2 FP8 cache: 512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE channels
-_MLA_D_QK = 576
-_FP8_CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")
+# FlashMLA's V3.2 FP8 cache (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE channels): the library's own rules
+_MLA_FP8_ROW_BYTES = _mla_contract.FP8_ROW_BYTES
+_MLA_D_QK = _mla_contract.D_QK
+_FP8_CACHE_DTYPES = _mla_contract.FP8_CACHE_DTYPES
 
 
 def _as_fp8_bytes(x: jax.Array) -> jax.Array:

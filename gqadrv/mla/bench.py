@@ -46,10 +46,11 @@ def _rows(args) -> list:
     return list(ROWS)
 
 
-def _metrics(h_q, s_q, lens, b, us):
+def _metrics(h_q, s_q, lens, b, us, kv_bytes_per_token=576 * 2):
+    """(TFLOPS, TB/s) of one call: FlashMLA's formulas (q and out in 2-byte elements, KV per token)."""
     tot = sum(lens)
     flops = 2.0 * h_q * s_q * tot * (576 + 512)
-    nbytes = (b * s_q * h_q * 576 + tot * 576 + b * s_q * h_q * 512) * 2
+    nbytes = (b * s_q * h_q * 576 + b * s_q * h_q * 512) * 2 + tot * kv_bytes_per_token
     return flops / (us * 1e-6) / 1e12, nbytes / (us * 1e-6) / 1e12
 
 

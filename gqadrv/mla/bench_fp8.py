@@ -17,6 +17,7 @@ import argparse
 
 from ..ops.bench import BenchSpec, Timer, log
 from ..ops.bench import target_lines as _target_lines
+from .bench import _metrics
 
 __all__ = ["SPEC", "format_table", "target_lines"]
 
@@ -39,12 +40,6 @@ def _import_peers(args) -> None:
         __import__("torch")
     except Exception as exc:  # noqa: BLE001
         log(f"[bench] torch not available ({type(exc).__name__}): CuPy graphs time the hot runs")
-
-
-def _metrics(h_q: int, s_q: int, tot: int, b: int, kv_bytes: int, us: float) -> tuple[float, float]:
-    flops = 2.0 * h_q * s_q * tot * (576 + 512)
-    nbytes = (b * s_q * h_q * 576 + b * s_q * h_q * 512) * 2 + tot * kv_bytes
-    return flops / (us * 1e-6) / 1e12, nbytes / (us * 1e-6) / 1e12
 
 
 def _run_row(item, timer: Timer, args) -> dict:
@@ -80,8 +75,8 @@ def _run_row(item, timer: Timer, args) -> dict:
             # the current stream at call time: a torch graph captures on its own side stream
             fn = lambda p=p: gqadrv.launch_prepared(p, cur())  # noqa: E731
             hot, cold = timer.hot(fn, torch is not None), timer.cold(fn)
-            fl_h, tb_h = _metrics(h_q, s_q, sum(lens), b, kvb, hot)
-            fl_c, tb_c = _metrics(h_q, s_q, sum(lens), b, kvb, cold)
+            fl_h, tb_h = _metrics(h_q, s_q, lens, b, hot, kvb)
+            fl_c, tb_c = _metrics(h_q, s_q, lens, b, cold, kvb)
             res[name] = {"hot_us": hot, "cold_us": cold, "route": p.route, "num_splits": p.num_splits,
                          "hot_TFLOPS": fl_h, "hot_TBps": tb_h, "cold_TFLOPS": fl_c, "cold_TBps": tb_c}
             outs[name] = out

@@ -19,12 +19,12 @@ from typing import Any
 from ..ops import contract as _oc
 from ..runtime.tensors import TensorView, as_view
 from . import kernel_spec as _ks
+from .fp8_cache import FP8_DTYPES as FP8_CACHE_DTYPES
+from .fp8_reference import BYTES_PER_TOKEN as FP8_ROW_BYTES
 
 __all__ = ["D_QK", "D_V", "FP8_CACHE_DTYPES", "FP8_ROW_BYTES", "MAX_HEADS_KV", "MAX_HEADS_Q", "MlaProblem", "SUPPORTED_DTYPES", "validate"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
-FP8_CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")  # the 656-byte FP8 cache's bytes (FlashMLA's choices)
-FP8_ROW_BYTES = 656
 D_QK, D_V = _ks.D_QK, _ks.D_V
 MAX_HEADS_Q = 128
 MAX_HEADS_KV = 8

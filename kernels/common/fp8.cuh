@@ -108,25 +108,17 @@ GQADRV_DEVICE u32 bf16x2_canonical(float lo, float hi) {
   return r;
 }
 
-// Sixteen codes (c.x bits 0..7 first) -> sixteen bf16 = bf16(float(code) * s), round to nearest even
-// (o[0] holds codes 0 and 1): FlashMLA's V3.2 dequantization, exact for power-of-two scales. CANON:
-// every NaN stored as the canonical 0x7FFF (the cache dequantizer, which must match the host model bit
-// for bit); without it a NaN keeps whatever payload the conversion gives (the decode kernels, where
-// a NaN key poisons its scores either way).
-template <bool CANON>
+// Sixteen codes (c.x bits 0..7 first) -> sixteen bf16 = bf16(float(code) * s), round to nearest even,
+// every NaN stored as the canonical 0x7FFF (o[0] holds codes 0 and 1): FlashMLA's V3.2 dequantization,
+// exact for power-of-two scales; the cache dequantizer, which must match the host model bit for bit.
 GQADRV_DEVICE void e4m3x16_dequant_bf16(const U32x4& c, float s, u32 (&o)[8]) {
   const u32 cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float v0, v1, v2, v3;
     e4m3x4_to_f32(cw[i], v0, v1, v2, v3);
-    if (CANON) {
-      o[2 * i] = bf16x2_canonical(__fmul_rn(v0, s), __fmul_rn(v1, s));
-      o[2 * i + 1] = bf16x2_canonical(__fmul_rn(v2, s), __fmul_rn(v3, s));
-    } else {
-      o[2 * i] = pack2<1>(__fmul_rn(v0, s), __fmul_rn(v1, s));
-      o[2 * i + 1] = pack2<1>(__fmul_rn(v2, s), __fmul_rn(v3, s));
-    }
+    o[2 * i] = bf16x2_canonical(__fmul_rn(v0, s), __fmul_rn(v1, s));
+    o[2 * i + 1] = bf16x2_canonical(__fmul_rn(v2, s), __fmul_rn(v3, s));
   }
 }
 

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from gqadrv.mla.fp8_reference import BYTES_PER_TOKEN, dequantize_k_cache_reference, quantize_k_cache_reference
+from tests.mla.cases import MlaCase
 
 BATCHES = (1, 2, 37, 128)
 S_QS = (1, 2, 4)
@@ -30,28 +31,15 @@ TOL = 2e-2     # bf16 outputs, relative + absolute
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8MlaCase:
-    idx: int
-    b: int
-    s_q: int
-    h_q: int
-    h_kv: int
-    lengths: str
-    page: int
-    causal: bool
-    splits: int | None
-    backend: str | None
-    code_dtype: str
+class Fp8MlaCase(MlaCase):
+    """An MlaCase (bf16 q) whose cache bytes are handed over as ``code_dtype``."""
+
+    code_dtype: str = "uint8"
 
     @property
     def label(self) -> str:
         return (f"{self.idx}:b{self.b}s{self.s_q}h{self.h_q}/{self.h_kv}L{self.lengths}p{self.page}"
                 f"{'c' if self.causal else ''}S{self.splits}{self.backend or ''}{self.code_dtype}")
-
-    def lens(self, rng) -> np.ndarray:
-        if self.lengths == "ragged":
-            return rng.integers(-3, 700, size=self.b).astype(np.int32)
-        return np.full(self.b, int(self.lengths), np.int32)
 
 
 def grid() -> list[Fp8MlaCase]:
@@ -65,7 +53,8 @@ def grid() -> list[Fp8MlaCase]:
         if b == 128 and h_q > 16:
             h_q, h_kv = 16, 1
         out.append(Fp8MlaCase(i, b, S_QS[(i // 4) % 3], h_q, h_kv, L, PAGES[(i * 5) % 6], bool((i // 3) % 2),
-                              SPLITS[(i // 2) % 3], (None, "mma_fp8", None)[i % 3], ("uint8", "int8")[(i // 6) % 2]))
+                              "bfloat16", SPLITS[(i // 2) % 3], (None, "mma_fp8", None)[i % 3],
+                              code_dtype=("uint8", "int8")[(i // 6) % 2]))
     return out
 
 

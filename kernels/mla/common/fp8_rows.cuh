@@ -5,16 +5,20 @@
 //
 // Row format  bytes [0, 512) e4m3 codes of latent channels 0..511, [512, 528) four fp32 scales (scale k
 //             for channels [128k, 128k + 128)), [528, 656) the 64 bf16 RoPE channels. Dequantization
-//             is bf16(float(code) * scale) (kernels/common/fp8.cuh e4m3x16_dequant_bf16, the function
-//             mla_fp8_dequantize uses: the kernels see exactly the cache dequantize_k_cache returns).
+//             is bf16(float(code) * scale), the value mla_fp8_dequantize writes (kernels/common/fp8.cuh
+//             e4m3x16_dequant_bf16; only NaN payloads may differ): the kernels see the cache
+//             dequantize_k_cache returns (tests compare them with the bf16 kernels on it, bitwise).
 // Addresses   k_row_ptr() of decode_util.cuh, k_cache strides in 2-byte units (the host passes byte
 //             strides / 2; every stride is a multiple of 16 bytes). Tokens >= the split's end are never
 //             read, nor their block-table entries: their codes and scales read as 0, so the tile rows
 //             hold zeros (and their RoPE is cp.async zero-filled), as in the bf16 builds.
-// Work split  a 64-row "code block" c (channels 64c .. 64c + 63, one 128-byte swizzled channel block of
-//             the tile) is 64 rows x 4 units of 16 codes; thread x of the loading group owns unit x & 3
-//             of rows x >> 2 (+ 32, + 64 .. while < 64 rows), its scale is scale[c / 2] of the row, and
-//             one 16-code unit becomes two 16-byte bf16 units (2 (x & 3), 2 (x & 3) + 1) of the block.
+// Pieces      the dequantization of 8 codes (fast bf16x2 path for power-of-two scales, exact float32
+//             path otherwise) and of a 64-code block row (dequant_block_row: the seesaw_fp8 producer,
+//             whose staging and work split are described in dense_decode_seesaw.cu); the register
+//             loaders of the mma_fp8 build (CodeRows, rope_rows): a 64-row "code block" c (channels
+//             64c .. 64c + 63, one 128-byte swizzled channel block of the tile) is 64 rows x 4 units of
+//             16 codes; thread x owns unit x & 3 of rows x >> 2 (+ 32 r), its scale is scale[c / 2] of
+//             the row, and one 16-code unit becomes two 16-byte bf16 units (2 (x & 3), + 1) of the block.
 #pragma once
 #include "../../common/fp8.cuh"
 #include "decode_util.cuh"
@@ -22,7 +26,6 @@
 namespace mla {
 namespace fp8 {
 
-constexpr int ROW_BYTES = 656;
 constexpr int SCALES_AT = 512;
 constexpr int ROPE_AT = 528;
 
@@ -123,19 +126,14 @@ struct CodeRows {
   float s[R][NB / 2];
 
   GQADRV_DEVICE void load(const u8* const (&row)[R], int cu) {
-    static_assert(C0 % 2 == 0 && (NB == 2 || (NB % 4 == 0 && C0 % 4 == 0)),
-                  "whole scales; two scales per 8-byte load");
+    static_assert(NB % 4 == 0 && C0 % 4 == 0, "whole scale pairs: two scales per 8-byte load");
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row[r] != nullptr) {
 #pragma unroll
         for (int k = 0; k < NB; ++k) c[r][k] = ld_global_nc_v4(row[r] + 64 * (C0 + k) + 16 * cu);
-        if constexpr (NB == 2) {
-          s[r][0] = __ldg(reinterpret_cast<const float*>(row[r] + SCALES_AT + 4 * (C0 / 2)));
-        } else {
 #pragma unroll
-          for (int k = 0; k < NB / 2; k += 2) ld_f32x2_nc(row[r] + SCALES_AT + 4 * (C0 / 2 + k), s[r][k], s[r][k + 1]);
-        }
+        for (int k = 0; k < NB / 2; k += 2) ld_f32x2_nc(row[r] + SCALES_AT + 4 * (C0 / 2 + k), s[r][k], s[r][k + 1]);
       } else {
 #pragma unroll
         for (int k = 0; k < NB; ++k) c[r][k] = U32x4{0u, 0u, 0u, 0u};

@@ -182,7 +182,7 @@ GQADRV_DEVICE void dequantize_token(const MlaFp8CacheArgs& a, int token, int lan
   if (lane < 8) rope = load16<VEC>(src + MLA_FP8_ROPE_OFFSET + 16 * lane);
 
   u32 o[8];
-  e4m3x16_dequant_bf16<true>(c, s, o);
+  e4m3x16_dequant_bf16(c, s, o);
   store16<VEC>(dst + 32 * lane, U32x4{o[0], o[1], o[2], o[3]});
   store16<VEC>(dst + 32 * lane + 16, U32x4{o[4], o[5], o[6], o[7]});
   if (lane < 8) store16<VEC>(dst + 1024 + 16 * lane, rope);
