@@ -10,6 +10,7 @@ merge_state alone):
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
+and, on the 656-byte FP8 cache, seesaw_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries). Exit code 0 when every result matches the oracle.
 """
 
@@ -153,6 +154,21 @@ def _mla_routes(cp, gqadrv, rng) -> int:
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
         print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+    # the 656-byte FP8 cache (is_fp8_kvcache=True): unused rows all 0xFF (NaN codes, scales and RoPE)
+    from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
+
+    for backend, splits, s_q, page in (("seesaw_fp8", 1, 1, 64), ("seesaw_fp8", 3, 2, 16), ("seesaw_fp8", 2, 1, 1),
+                                       ("mma_fp8", 1, 1, 64), ("mma_fp8", 3, 2, 32)):
+        q, k, bt, ln = make_case(rng, 3, s_q, 64, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
+        k8 = quantize_k_cache_reference(k)
+        k8[np.isnan(np.asarray(k, np.float32)).all(axis=-1)] = 0xFF
+        o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k8), cp.asarray(bt), cp.asarray(ln), 512,
+                                               num_splits=splits, causal=s_q > 1, backend=backend, is_fp8_kvcache=True)
+        ro, rl = mla_decode_reference(q, dequantize_k_cache_reference(k8), bt, ln, 512, None, s_q > 1)
+        err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
+        ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
+        bad += not ok
+        print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} fp8 max err {err:.2e} {'OK' if ok else 'FAIL'}")
     return bad
 
 
