@@ -58,23 +58,26 @@ def _ops() -> tuple:
     """The op families (each package's OP record); the CLI hard-codes none of their details."""
     from . import gqa, mla
     from .gqa import kv_fp8, merge
-    from .mla import fp8_cache
+    from .mla import fp8_cache, sparse
 
-    return (gqa.OP, merge.OP, kv_fp8.OP, mla.OP, fp8_cache.OP)
+    return (gqa.OP, merge.OP, kv_fp8.OP, mla.OP, fp8_cache.OP, sparse.OP)
 
 
 def _bench_specs() -> list:
     """The ``bench --op`` choices: each op family's bench spec, then the paged GQA decode bench
     (``--op gqa_paged``, ``gqa/bench_paged.py``), its FP8-e4m3 KV form (``--op gqa_fp8``,
     ``gqa/bench_fp8.py``), the 64-layer decode step in one CUDA graph (``--op gqa_step``,
-    ``gqa/bench_step.py``) and MLA decode on the 656-byte FP8 cache (``--op mla_fp8``,
-    ``mla/bench_fp8.py``)."""
+    ``gqa/bench_step.py``), MLA decode on the 656-byte FP8 cache (``--op mla_fp8``,
+    ``mla/bench_fp8.py``) and sparse MLA decode against FlashMLA (``--op mla_sparse``,
+    ``mla/bench_sparse.py``)."""
     from .gqa.bench_fp8 import SPEC as gqa_fp8
     from .gqa.bench_paged import SPEC as gqa_paged
     from .gqa.bench_step import SPEC as gqa_step
     from .mla.bench_fp8 import SPEC as mla_fp8
+    from .mla.bench_sparse import SPEC as mla_sparse
 
-    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step, mla_fp8]
+    return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step, mla_fp8,
+                                                                              mla_sparse]
 
 
 def _print_json(obj) -> None:

@@ -11,7 +11,8 @@ merge_state alone):
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
 and, on the 656-byte FP8 cache, seesaw_fp8 and mma_fp8,
-causal, NaN-poisoned pages and block-table entries). Exit code 0 when every result matches the oracle.
+causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
+routes). Exit code 0 when every result matches the oracle.
 """
 
 import os
@@ -37,6 +38,8 @@ def main() -> int:
         return 1 if _mla_routes(cp, gqadrv, rng) else 0
     if "--paged-only" in sys.argv[1:]:
         return 1 if _paged_routes(cp, gqadrv, rng) else 0
+    if "--sparse-only" in sys.argv[1:]:
+        return 1 if _sparse_routes(cp, gqadrv, rng) else 0
     for name, backend, C, splits in runs:
         B, Hq, Hkv, D = 4, 8, 2, 128
         q = rng.standard_normal((B, Hq, D)).astype(np.float16)
@@ -169,6 +172,62 @@ def _mla_routes(cp, gqadrv, rng) -> int:
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
         print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} fp8 max err {err:.2e} {'OK' if ok else 'FAIL'}")
+    return bad + _sparse_routes(cp, gqadrv, rng)
+
+
+def _sparse_routes(cp, gqadrv, rng) -> int:
+    """Sparse MLA decode (indices): FP8 and bf16 pools of odd page sizes whose unreferenced rows are
+    NaN, every kind of invalid index, topk_length, an extra pool, attention sinks with +-inf, s_q 2
+    (the LSE transpose), an unmergeable q (packed), 1 and 3 splits, seesaw(_fp8) and mma(_fp8)."""
+    import ml_dtypes
+
+    from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
+    from gqadrv.mla.sparse_reference import sparse_decode_reference
+
+    bad = 0
+    b, h_q, nb, page, topk, enb, epage, etopk = 3, 16, 9, 13, 70, 4, 5, 11
+    bad_idx = np.array([-1, -(2**31), 2**31 - 1, nb * page, 2147480000, -123456], np.int32)
+    for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
+                                      (False, "seesaw", 3, 2), (False, "mma", 1, 1)):
+        k = (rng.standard_normal((nb, page, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
+        ek = (rng.standard_normal((enb, epage, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
+        idx = rng.integers(0, nb * page, size=(b, s_q, topk)).astype(np.int32)
+        idx[:, :, ::5] = bad_idx[rng.integers(0, 6, size=idx[:, :, ::5].shape)]
+        idx[2] = -1                                                   # request 2: no valid main key
+        eidx = rng.integers(-2, enb * epage + 2, size=(b, s_q, etopk)).astype(np.int32)
+        eidx[2, 0] = -1                                               # request 2, token 0: no key at all
+        used = np.zeros(nb * page, bool)
+        used[idx[(idx >= 0) & (idx < nb * page)]] = True
+        kf = k.reshape(-1, 576).copy()
+        kf[~used] = np.nan                                            # unreferenced rows: NaN
+        k = kf.reshape(k.shape)
+        tl = np.array([topk, 33, topk], np.int32)
+        etl = np.array([etopk, 0, 7], np.int32)
+        sink = rng.standard_normal(h_q).astype(np.float32)
+        sink[[1, 2]] = [np.inf, -np.inf]
+        qw = (rng.standard_normal((b, s_q + 1, h_q, 576)) / 4).astype(ml_dtypes.bfloat16)
+        q = qw[:, :s_q]                                               # s_q > 1: request stride != s_q x token stride
+        if fp8:
+            k8, ek8 = quantize_k_cache_reference(k), quantize_k_cache_reference(ek)
+            k8[~used.reshape(nb, page)] = 0xFF
+            dk, dek, kn, ekn = cp.asarray(k8), cp.asarray(ek8), dequantize_k_cache_reference(k8), dequantize_k_cache_reference(ek8)
+        else:
+            dk, dek, kn, ekn = cp.asarray(k), cp.asarray(ek), k, ek
+        dq = cp.asarray(qw)[:, :s_q]
+        o, lse = gqadrv.flash_mla_with_kvcache(dq, dk, None, None, 512, None, num_splits=splits, is_fp8_kvcache=fp8,
+                                               backend=backend, indices=cp.asarray(idx), attn_sink=cp.asarray(sink),
+                                               topk_length=cp.asarray(tl), extra_k_cache=dek,
+                                               extra_indices_in_kvcache=cp.asarray(eidx),
+                                               extra_topk_length=cp.asarray(etl))
+        ro, rl = sparse_decode_reference(q, kn, idx, None, 512, sink, tl, ekn, eidx, etl)
+        err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
+        with np.errstate(invalid="ignore"):
+            lerr = float(np.max(np.abs(np.where(np.isinf(rl), 0, cp.asnumpy(lse) - rl))))
+        ok = (err < 3e-2 and lerr < 1e-3 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
+              and not np.isnan(cp.asnumpy(o).astype(np.float32)).any())
+        bad += not ok
+        print(f"mla sparse {'fp8 ' if fp8 else 'bf16'} {backend:10s} splits={splits} s_q={s_q} max err {err:.2e} "
+              f"lse {lerr:.2e} {'OK' if ok else 'FAIL'}")
     return bad
 
 

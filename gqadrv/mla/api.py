@@ -19,14 +19,21 @@ from typing import Any, TypeVar
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
 from ..ops.prepared import PreparedDecode
-from ..ops.registry import FeatureError
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.streams import device_hint, is_capturing, on_stream, order_inputs, resolve_stream
+from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.streams import (
+    device_hint,
+    is_capturing,
+    on_stream,
+    order_inputs,
+    resolve_stream,
+)
 from ..types import ArrayT, DLPackArray, LseT, MlaBackend, OutT, StreamLike
 from . import contract as _contract
 from . import kernel_spec as _ks
 from . import plan as _plan
+from . import sparse as _sparse
 
 __all__ = ["MlaSchedMeta", "PreparedMlaDecode", "flash_mla_with_kvcache", "get_mla_metadata", "prepare_mla_decode"]
 
@@ -63,12 +70,23 @@ def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[MlaSchedMeta, None]:
 def _check_dense_only(sparse: dict) -> None:
     given = [k for k, v in sparse.items() if v is not None]
     if given:
-        raise FeatureError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path, which gqadrv "
-                           "does not implement yet; dense decode (BF16 / FP16 caches, or the FP8 cache with "
-                           "is_fp8_kvcache=True) is available")
+        raise ValueError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: pass indices "
+                         "(int32 [b, s_q, topk]) with them, or leave them None for dense decode")
 
 
-def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int:
+def _require_dense_tables(block_table, cache_seqlens) -> None:
+    missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
+    if missing:
+        raise ValueError(f"dense MLA decode needs {' and '.join(missing)} (only the sparse path, with indices, "
+                         "goes without them)")
+
+
+def _dense_config(problem) -> tuple:
+    return (problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.page_size, problem.max_blocks,
+            problem.causal, problem.dtype, problem.device, problem.kv_fp8)
+
+
+def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None, config: tuple | None = None) -> int:
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int):
             raise TypeError("num_splits must be None (gqadrv schedules on the device) or an int in "
@@ -78,15 +96,15 @@ def _splits(problem, variant, num_splits: Any, meta: MlaSchedMeta | None) -> int
             raise ValueError(f"num_splits must be in [1, {_ks.MAX_SPLITS}], got {num_splits}")
     if meta is None:
         return num_splits or _plan.default_splits(problem, variant)
-    config = (problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.page_size, problem.max_blocks,
-              problem.causal, problem.dtype, problem.device, problem.kv_fp8)
+    config = config if config is not None else _dense_config(problem)
     if meta.config is None:
         meta.config = config
         meta.num_splits = num_splits or _plan.default_splits(problem, variant)
     elif meta.config != config:
-        raise ValueError(f"tile_scheduler_metadata was initialised for (b, s_q, h_q, h_kv, page, max_blocks, causal, "
-                         f"dtype, device, fp8 cache) = {meta.config}, this call has {config}; use one metadata object per "
-                         "configuration")
+        raise ValueError(f"tile_scheduler_metadata was initialised for {meta.config}, this call has {config} "
+                         "(dense: b, s_q, h_q, h_kv, page, max_blocks, causal, dtype, device, fp8 cache; sparse: "
+                         "'sparse', b, s_q, h_q, page, topk, extra page, extra topk, dtype, device, fp8 cache); use one "
+                         "metadata object per configuration")
     return num_splits or meta.num_splits
 
 
@@ -98,17 +116,23 @@ def _export(q, out, lse, new_out, new_lse, s: int, device: int) -> tuple:
     return o, lo
 
 
-def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse, stream, who: str,
-            capture_ok: bool, is_fp8_kvcache: Any = False):
-    """Resolve the stream, order every input's producer before it, validate: (problem, stream,
-    DLPack stream)."""
+def _streams(q, tensors: tuple, stream, who: str, capture_ok: bool) -> tuple[int, int | None]:
+    """(launch stream, DLPack stream): the stream resolved for q's framework, every input's producer
+    ordered before it; a stream under capture is refused when the call allocates (``capture_ok`` False)."""
     _drv.ensure_init()
     dev = device_hint(q)
     s = resolve_stream(stream, dev, _tensors.framework_of(q))
     if not capture_ok and is_capturing(s):
         raise RuntimeError(f"{who} must be called outside CUDA-graph capture (it allocates and synchronizes); "
                            "capture launch_prepared instead")
-    dl = order_inputs((q, k_cache, block_table, cache_seqlens, out, lse), dev, s)
+    return s, order_inputs(tensors, dev, s)
+
+
+def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse, stream, who: str,
+            capture_ok: bool, is_fp8_kvcache: Any = False):
+    """Resolve the stream, order every input's producer before it, validate: (problem, stream,
+    DLPack stream)."""
+    s, dl = _streams(q, (q, k_cache, block_table, cache_seqlens, out, lse), stream, who, capture_ok)
     problem = _contract.validate(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, stream=dl,
                                  is_fp8_kvcache=is_fp8_kvcache)
     return problem, s, dl
@@ -117,20 +141,73 @@ def _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, c
 def _outputs(problem, out, lse, s: int, dl: int | None):
     """Caller-given or new out / lse: (out obj, lse obj, out ptr, lse ptr, out strides)."""
     ov, lv = _contract.validate_outputs(problem, out, lse, stream=dl)
+    return _allocate_outputs(ov, lv, problem.b, problem.s_q, problem.h_q, problem.dtype, problem.device, s)
+
+
+def _allocate_outputs(ov, lv, b: int, s_q: int, h_q: int, dtype: str, device: int, s: int):
+    """(new out or None, new lse or None, out ptr, lse ptr, out strides) for validated views ov / lv."""
     new_out = new_lse = None
-    with on_stream(s, problem.device):
+    with on_stream(s, device):
         if ov is None:
-            new_out = _tensors.empty((problem.b, problem.s_q, problem.h_q, _ks.D_V), problem.dtype, problem.device)
+            new_out = _tensors.empty((b, s_q, h_q, _ks.D_V), dtype, device)
         if lv is None:
-            new_lse = _tensors.empty((problem.b, problem.h_q, problem.s_q), "float32", problem.device)
+            new_lse = _tensors.empty((b, h_q, s_q), "float32", device)
     o_ptr = ov.ptr if ov is not None else int(new_out.data.ptr)
     l_ptr = lv.ptr if lv is not None else int(new_lse.data.ptr)
-    o_strides = ov.strides if ov is not None else (problem.s_q * problem.h_q * _ks.D_V, problem.h_q * _ks.D_V, _ks.D_V)
+    o_strides = ov.strides if ov is not None else (s_q * h_q * _ks.D_V, h_q * _ks.D_V, _ks.D_V)
     return new_out, new_lse, o_ptr, l_ptr, o_strides
 
 
-def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray, cache_seqlens: DLPackArray,
-                           head_dim_v: int = 512, tile_scheduler_metadata: MlaSchedMeta | None = None,
+def _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache, sparse: dict, out, lse, stream,
+                   who: str, capture_ok: bool):
+    """The sparse path's (problem, stream, DLPack stream): as ``_ingest``, for the sparse arguments."""
+    s, dl = _streams(q, (q, k_cache, *sparse.values(), out, lse), stream, who, capture_ok)
+    problem = _sparse.validate_sparse(q, k_cache, sparse["indices"], head_dim_v, softmax_scale, causal, stream=dl,
+                                      is_fp8_kvcache=is_fp8_kvcache, attn_sink=sparse["attn_sink"],
+                                      extra_k_cache=sparse["extra_k_cache"],
+                                      extra_indices=sparse["extra_indices_in_kvcache"],
+                                      topk_length=sparse["topk_length"],
+                                      extra_topk_length=sparse["extra_topk_length"])
+    return problem, s, dl
+
+
+def _sparse_plan(sp, out, lse, s: int, dl: int | None, backend, num_splits, meta, make_ws):
+    """Route, split, allocate (outputs when not given, workspace through ``make_ws(sizes, zero)``) and
+    fill the three launches' values: (variant, loaded, splits, ws, new_out, new_lse, out ptr, lse ptr,
+    parts) with parts = (gather fields, dense (grid, block, smem, values), finish fields or None)."""
+    ov, lv = _sparse.validate_outputs(sp, out, lse, stream=dl)
+    probe = _sparse.dense_problem(sp, 0, 0, 0)
+    variant, loaded = _plan.route(probe, backend)
+    splits = _splits(probe, variant, num_splits, meta, sp.config())
+    ws = make_ws({**_plan.workspace_sizes(probe, variant, splits), **_sparse.workspace_sizes(sp)}, _plan.WORKSPACE_ZERO)
+    new_out, new_lse, o_ptr, l_ptr, o_strides = _allocate_outputs(ov, lv, sp.b, sp.s_q, sp.h_q, sp.dtype, sp.device, s)
+    lse_rows = ws.ptr("sp_lse") if sp.s_q > 1 else l_ptr    # [rows, h_q]: FlashMLA's layout when s_q == 1
+    dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"),
+                                  0 if sp.q_mergeable else ws.ptr("sp_q"))
+    row_stride = o_strides[1] if sp.s_q > 1 else o_strides[0]
+    dense_parts = _plan.launch_parts(dense, variant, out_strides=(row_stride, 0, o_strides[2]), out_ptr=o_ptr,
+                                     lse_ptr=lse_rows, ws=ws, splits=splits)
+    fields = _sparse.args_fields(sp, ws, o_ptr, o_strides, l_ptr, lse_rows)
+    return variant, loaded, splits, ws, new_out, new_lse, dense_parts, fields
+
+
+def _sparse_call(q, k_cache, head_dim_v, meta, num_splits, softmax_scale, causal, is_fp8_kvcache, sparse: dict, out,
+                 lse, stream, backend):
+    sp, s, dl = _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache, sparse, out, lse, stream,
+                               "flash_mla_with_kvcache", capture_ok=True)
+    gather, finish = _sparse.kernels(sp)
+    variant, loaded, _, _, new_out, new_lse, dense_parts, fields = _sparse_plan(
+        sp, out, lse, s, dl, backend, num_splits, meta,
+        lambda sizes, zero: _workspace.pooled(sp.device, s, sizes, zero))
+    launch_packed(gather.kernel, *_sparse.gather_geometry(sp), _sparse.SIGNATURE, s, (fields,), sp.device)
+    launch_packed(loaded.kernel, *dense_parts[:3], variant.family.signature, s, dense_parts[3], sp.device)
+    if finish is not None:
+        launch_packed(finish.kernel, *_sparse.finish_geometry(sp), _sparse.SIGNATURE, s, (fields,), sp.device)
+    return _export(q, out, lse, new_out, new_lse, s, sp.device)
+
+
+def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray | None = None,
+                           cache_seqlens: DLPackArray | None = None, head_dim_v: int = 512, tile_scheduler_metadata: MlaSchedMeta | None = None,
                            num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
                            is_fp8_kvcache: bool = False, indices: DLPackArray | None = None,
                            attn_sink: DLPackArray | None = None, extra_k_cache: DLPackArray | None = None,
@@ -154,14 +231,30 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     FP8 cache [num_blocks, page_size, h_kv, 656] (uint8 / int8 / float8_e4m3fn; 512 e4m3 codes, four
     fp32 scales, 64 bf16 RoPE channels per token, as ``gqadrv.mla.quantize_k_cache`` writes it; 16-byte
     aligned rows), q bf16; the result equals dense decode on ``dequantize_k_cache(k_cache)``.
-    The sparse arguments are FlashMLA's; anything but None raises ``FeatureError``.
+    Sparse path (``indices`` given; FlashMLA's DeepSeek sparse attention decode): k_cache
+    [num_blocks, page_size, 1, 656] FP8 (``is_fp8_kvcache=True``) or [num_blocks, page_size, 1, 576] of
+    q's dtype (a bf16 / fp16 cache, which FlashMLA lacks), any page size and page stride; ``indices``
+    int32 [b, s_q, topk] (any topk >= 1) of flattened slots ``page * page_size + offset``; an index
+    outside [0, num_blocks * page_size) is invalid and never read (not only -1); ``topk_length`` int32
+    [b] keeps the first topk_length[i] indices of request i; ``extra_k_cache`` /
+    ``extra_indices_in_kvcache`` [b, s_q, extra_topk] / ``extra_topk_length`` [b]: a second pool (same
+    format) attended in the same softmax; ``attn_sink`` float32 [h_q]: out *= 1 / (1 + exp(sink - lse))
+    (+inf: 0, -inf: unchanged), lse returned without it. Any h_q in 1..128; block_table /
+    cache_seqlens are ignored; causal must be False. Returns out [b, s_q, h_q, 512] and lse fp32
+    [b, h_q, s_q] (+inf with out 0 for rows without a valid key). Three launches (gather the valid
+    slots, the dense kernels over them, sink / LSE layout), see ``gqadrv.mla.sparse``.
     """
-    _check_dense_only(dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
-                                           extra_indices_in_kvcache=extra_indices_in_kvcache,
-                                           topk_length=topk_length, extra_topk_length=extra_topk_length))
     if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MlaSchedMeta):
         raise TypeError("tile_scheduler_metadata must be None or the object returned by gqadrv.get_mla_metadata, "
                         f"got {type(tile_scheduler_metadata).__name__}")
+    sparse = {"indices": indices, "attn_sink": attn_sink, "extra_k_cache": extra_k_cache,
+              "extra_indices_in_kvcache": extra_indices_in_kvcache, "topk_length": topk_length,
+              "extra_topk_length": extra_topk_length}
+    if indices is not None:
+        return _sparse_call(q, k_cache, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale, causal,
+                            is_fp8_kvcache, sparse, out, lse, stream, backend)
+    _check_dense_only(sparse)
+    _require_dense_tables(block_table, cache_seqlens)
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "flash_mla_with_kvcache", capture_ok=True, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
@@ -183,16 +276,31 @@ class PreparedMlaDecode(PreparedDecode[_R]):
     """Immutable result of ``prepare_mla_decode``; ``launch_prepared`` returns ``(out, lse)`` (type ``_R``)."""
 
 
-def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray, cache_seqlens: DLPackArray,
-                       head_dim_v: int = 512, *, out: OutT | None = None, lse: LseT | None = None,
-                       softmax_scale: float | None = None, causal: bool = False, num_splits: int | None = None,
-                       stream: StreamLike | None = None, backend: MlaBackend | None = None,
-                       is_fp8_kvcache: bool = False) -> PreparedMlaDecode[tuple[OutT | ArrayT, LseT | ArrayT]]:
+def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray | None = None,
+                       cache_seqlens: DLPackArray | None = None, head_dim_v: int = 512, *, out: OutT | None = None,
+                       lse: LseT | None = None, softmax_scale: float | None = None, causal: bool = False,
+                       num_splits: int | None = None, stream: StreamLike | None = None,
+                       backend: MlaBackend | None = None, is_fp8_kvcache: bool = False,
+                       indices: DLPackArray | None = None, attn_sink: DLPackArray | None = None,
+                       extra_k_cache: DLPackArray | None = None, extra_indices_in_kvcache: DLPackArray | None = None,
+                       topk_length: DLPackArray | None = None, extra_topk_length: DLPackArray | None = None,
+                       ) -> PreparedMlaDecode[tuple[OutT | ArrayT, LseT | ArrayT]]:
     """Validate, route, compile, allocate (outputs when not given, workspace) and pack once; then
     ``launch_prepared(p)`` is one cuLaunchKernelEx that reads the current lengths, block table,
     q and cache contents on the device (update them in place between launches or graph replays).
     The split count depends only on the shapes, so any lengths up to the capacity stay valid.
-    ``is_fp8_kvcache=True``: k_cache is FlashMLA's 656-byte FP8 cache (see flash_mla_with_kvcache)."""
+    ``is_fp8_kvcache=True``: k_cache is FlashMLA's 656-byte FP8 cache (see flash_mla_with_kvcache).
+    With ``indices`` (the sparse path, see flash_mla_with_kvcache): three launches (gather, dense
+    kernel, finish when s_q > 1 or attn_sink is given) that read indices, topk_length, attn_sink, q
+    and the pools on the device at every launch."""
+    sparse = {"indices": indices, "attn_sink": attn_sink, "extra_k_cache": extra_k_cache,
+              "extra_indices_in_kvcache": extra_indices_in_kvcache, "topk_length": topk_length,
+              "extra_topk_length": extra_topk_length}
+    if indices is not None:
+        return _prepare_sparse(q, k_cache, head_dim_v, out, lse, softmax_scale, causal, num_splits, stream, backend,
+                               is_fp8_kvcache, sparse)
+    _check_dense_only(sparse)
+    _require_dense_tables(block_table, cache_seqlens)
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "prepare_mla_decode", capture_ok=False, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
@@ -201,12 +309,38 @@ def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray
     ws = _workspace.alloc(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
     launch = _plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr, ws=ws,
                                 splits=splits, stream=s)
-    with _drv.device_scope(problem.device):
-        _drv.check(_drv.driver().cuStreamSynchronize(s), "cuStreamSynchronize(prepare_mla_decode)")
+    _sync(s, problem.device)
     o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return PreparedMlaDecode(
         device=problem.device, _plans=(launch,), _out=(o, lo),
         _keep=(q, k_cache, block_table, cache_seqlens, o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
         route=variant.name, num_splits=splits, grid=launch.grid, block=launch.block, dynamic_smem=launch.smem,
         workspace_bytes=ws.nbytes, arch=loaded.arch, batch=problem.b, capacity=problem.capacity,
+    )
+
+
+def _sync(s: int, device: int) -> None:
+    with _drv.device_scope(device):
+        _drv.check(_drv.driver().cuStreamSynchronize(s), "cuStreamSynchronize(prepare_mla_decode)")
+
+
+def _prepare_sparse(q, k_cache, head_dim_v, out, lse, softmax_scale, causal, num_splits, stream, backend,
+                    is_fp8_kvcache, sparse: dict) -> PreparedMlaDecode:
+    sp, s, dl = _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache, sparse, out, lse, stream,
+                               "prepare_mla_decode", capture_ok=False)
+    variant, loaded, splits, ws, new_out, new_lse, dense_parts, fields = _sparse_plan(
+        sp, out, lse, s, dl, backend, num_splits, None,
+        lambda sizes, zero: _workspace.alloc(sp.device, s, sizes, zero))
+    gather, finish = _sparse.launch_plans(sp, fields, s)
+    grid, block, smem, values = dense_parts
+    dense = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=s,
+                       pdl=True)
+    plans = (gather, dense) + ((finish,) if finish is not None else ())
+    _sync(s, sp.device)
+    o, lo = _export(q, out, lse, new_out, new_lse, s, sp.device)
+    return PreparedMlaDecode(
+        device=sp.device, _plans=plans, _out=(o, lo),
+        _keep=(q, k_cache, *sparse.values(), o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
+        route=f"mla_sparse+{variant.name}", num_splits=splits, grid=grid, block=block, dynamic_smem=smem,
+        workspace_bytes=ws.nbytes, arch=loaded.arch, batch=sp.b, capacity=sp.cap,
     )

@@ -176,28 +176,40 @@ def validate(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any, head_di
 def validate_outputs(problem: MlaProblem, out: Any, lse: Any, *, stream: int | None) -> tuple:
     """Caller-given out [b, s_q, h_q, 512] (q's dtype, last dim contiguous, 16-byte rows) and lse
     fp32 [b, h_q, s_q] (contiguous); either may be None (allocated)."""
-    ov = lv = None
     ins = (problem.q, problem.k_cache, problem.block_table, problem.seqlens)
+    return check_outputs(out, lse, problem.b, problem.s_q, problem.h_q, problem.q, ins, stream=stream)
+
+
+def check_outputs(out: Any, lse: Any, b: int, s_q: int, h_q: int, q: TensorView, ins: tuple, *, stream: int | None,
+                  merged_rows: bool = False) -> tuple:
+    """(out view, lse view) of caller-given MLA outputs (None where not given): out [b, s_q, h_q, 512]
+    of q's dtype with 16-byte rows (``merged_rows``: request stride = s_q x token stride, the sparse
+    path's one-row-per-query-token layout), lse fp32 [b, h_q, s_q] contiguous; on q's device,
+    writable, overlapping no input."""
+    ov = lv = None
     if out is not None:
         ov = as_view(out, "out", stream=stream, cupy_ordered=True)
-        want = (problem.b, problem.s_q, problem.h_q, D_V)
+        want = (b, s_q, h_q, D_V)
         if ov.shape != want:
             raise ValueError(f"out must have shape {list(want)}, got {_oc.shape_str(ov)}")
-        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=problem.q)
-        _oc.require_same_device(ov, problem.q)
+        _oc.require_dtype(ov, SUPPORTED_DTYPES, like=q)
+        _oc.require_same_device(ov, q)
         _rows_16b(ov)
+        if merged_rows and s_q > 1 and b > 1 and ov.strides[0] != s_q * ov.strides[1]:
+            raise ValueError(f"out strides {ov.strides} (elements): on the sparse path stride(0) must be s_q * stride(1) "
+                             "(each query token is one row of the dense decode)")
         _oc.require_writable(ov)
         _oc.require_no_overlap(ov, ins)
         _oc.require_no_grad(ov)
     if lse is not None:
         lv = as_view(lse, "lse", stream=stream, cupy_ordered=True)
-        want = (problem.b, problem.h_q, problem.s_q)
+        want = (b, h_q, s_q)
         if lv.shape != want:
             raise ValueError(f"lse must have shape {list(want)}, got {_oc.shape_str(lv)}")
         if lv.dtype != "float32":
             raise TypeError(f"lse must have dtype float32, got {lv.dtype}")
         _oc.require_contiguous(lv)
-        _oc.require_same_device(lv, problem.q)
+        _oc.require_same_device(lv, q)
         _oc.require_writable(lv)
         _oc.require_no_overlap(lv, ins + ((ov,) if ov is not None else ()))
     return ov, lv

@@ -28,6 +28,7 @@ class Workspace:
     ptrs: dict            # name -> device address
     sizes: dict           # name -> element count
     nbytes: int
+    types: dict = dataclasses.field(default_factory=dict)  # name -> "f32" | "u32" | "i32"
 
     def ptr(self, name: str) -> int:
         return self.ptrs[name]
@@ -53,7 +54,7 @@ def alloc(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
     with _drv.device_scope(device):
         for name in zero:
             _drv.check(drv.cuMemsetD32Async(ptrs[name], 0, counts[name], stream), f"cuMemsetD32Async({name})")
-    return Workspace(arrays, ptrs, counts, nbytes)
+    return Workspace(arrays, ptrs, counts, nbytes, {name: dt for name, (_, dt) in sizes.items()})
 
 
 _pool: dict = {}
@@ -71,7 +72,10 @@ def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace
         ws = _pool.get(key)
         if ws is not None and ws.fits(sizes):
             return ws
-        grown = {k: (max(n, ws.sizes.get(k, 0) * 2) if ws else n, dt) for k, (n, dt) in sizes.items()}
+        # the union of the old buffers and the requested ones (ops with different buffer names share
+        # the pool without evicting each other), requested ones doubled when they grow
+        grown = {k: (ws.sizes[k], ws.types[k]) for k in ws.sizes} if ws else {}
+        grown.update({k: (max(n, ws.sizes.get(k, 0) * 2) if ws else n, dt) for k, (n, dt) in sizes.items()})
         new = alloc(device, stream, grown, zero)
         if ws is not None:
             _retired.append(ws)

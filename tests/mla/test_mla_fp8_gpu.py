@@ -138,7 +138,6 @@ def test_fp8_contract_errors():
     import cupy as cp
 
     import gqadrv
-    from gqadrv.ops.registry import FeatureError
 
     q, k8, bt, ln = _small()
     f = gqadrv.flash_mla_with_kvcache
@@ -160,8 +159,8 @@ def test_fp8_contract_errors():
     with pytest.raises(ValueError, match="pass is_fp8_kvcache=True"):
         kb = cp.zeros(k8.shape[:-1] + (576,), q.dtype)
         f(q, kb, bt, ln, 512, backend="seesaw_fp8")
-    with pytest.raises(FeatureError, match="sparse"):
-        f(q, k8, bt, ln, 512, is_fp8_kvcache=True, indices=cp.zeros((2, 1, 64), cp.int32))
+    with pytest.raises(ValueError, match="sparse MLA path: pass indices"):
+        f(q, k8, bt, ln, 512, is_fp8_kvcache=True, attn_sink=cp.zeros((q.shape[2],), cp.float32))
     meta, _ = gqadrv.get_mla_metadata()
     f(q, k8, bt, ln, 512, meta, is_fp8_kvcache=True)
     with pytest.raises(ValueError, match="fp8 cache"):

@@ -203,9 +203,10 @@ def test_metadata_is_checked_and_sparse_arguments_are_refused():
     assert meta.have_initialized
     with pytest.raises(ValueError, match="tile_scheduler_metadata was initialised"):
         gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, meta, causal=True)
-    with pytest.raises(NotImplementedError, match="indices"):
-        gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, None, indices=dl)
-    with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
+    with pytest.raises(ValueError, match="sparse MLA path: pass indices"):
+        gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, None, topk_length=dl)
+    # a bf16 cache with is_fp8_kvcache=True (the dense FP8 decode exists): the cache's dtype is refused
+    with pytest.raises(TypeError, match="k_cache must have dtype .* with is_fp8_kvcache=True"):
         gqadrv.flash_mla_with_kvcache(dq, dk, dbt, dl, 512, None, is_fp8_kvcache=True)
 
 

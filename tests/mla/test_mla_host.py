@@ -58,13 +58,19 @@ def test_contract_errors(over, exc, msg):
         run(good(**over))
 
 
-def test_sparse_arguments_raise_feature_error_before_any_gpu_work():
+def test_sparse_arguments_without_indices_raise_before_any_gpu_work():
+    """attn_sink / extra pool / topk_length belong to the sparse path: without indices they are a
+    ValueError raised before the driver is touched (so this runs without a GPU)."""
     import gqadrv
 
-    for kw in (dict(indices=1), dict(attn_sink=1), dict(extra_k_cache=1), dict(topk_length=1),
-               dict(is_fp8_kvcache=True, indices=1)):
-        with pytest.raises(NotImplementedError, match="sparse MLA path"):
+    for kw in (dict(attn_sink=1), dict(extra_k_cache=1), dict(topk_length=1), dict(extra_indices_in_kvcache=1),
+               dict(is_fp8_kvcache=True, extra_topk_length=1)):
+        with pytest.raises(ValueError, match="sparse MLA path: pass indices"):
             gqadrv.flash_mla_with_kvcache(None, None, None, None, 512, None, **kw)
+        with pytest.raises(ValueError, match="sparse MLA path: pass indices"):
+            gqadrv.prepare_mla_decode(None, None, None, None, 512, **kw)
+    with pytest.raises(ValueError, match="needs block_table and cache_seqlens"):
+        gqadrv.flash_mla_with_kvcache(None, None)
     assert issubclass(FeatureError, NotImplementedError)
 
 
