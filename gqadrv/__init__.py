@@ -33,11 +33,14 @@ from .gqa.merge import merge_state, merge_states
 from .mla import (
     MlaSchedMeta,
     PreparedMlaDecode,
+    PreparedMlaSparseFwd,
     dequantize_k_cache,
+    flash_mla_sparse_fwd,
     flash_mla_with_kvcache,
     get_mla_metadata,
     mla_decode_reference,
     prepare_mla_decode,
+    prepare_mla_sparse_fwd,
     quantize_k_cache,
 )
 from .ops.prepared import Prepared, check_status, launch_prepared
@@ -46,9 +49,9 @@ from .runtime import CompileError, CudaDriverError, NoGpuError, TensorMapError
 
 __all__ = [
     "CompileError", "CudaDriverError", "FeatureError", "MlaSchedMeta", "NoGpuError", "Prepared", "PreparedGqaDecode",
-    "PreparedGqaPagedDecode", "PreparedMlaDecode", "TensorMapError", "__version__", "check_status", "dequantize_k_cache",
-    "flash_mla_with_kvcache", "get_mla_metadata", "gqa_decode", "gqa_decode_paged", "gqa_decode_reference", "launch_prepared",
+    "PreparedGqaPagedDecode", "PreparedMlaDecode", "PreparedMlaSparseFwd", "TensorMapError", "__version__", "check_status", "dequantize_k_cache",
+    "flash_mla_sparse_fwd", "flash_mla_with_kvcache", "get_mla_metadata", "gqa_decode", "gqa_decode_paged", "gqa_decode_reference", "launch_prepared",
     "launch_sm110_gqa_decode_prepared", "merge_state", "merge_states", "mla_decode_reference", "prepare_gqa_decode",
-    "prepare_gqa_decode_paged", "prepare_mla_decode", "prepare_sm110_gqa_decode", "quantize_k_cache", "quantize_kv_fp8",
+    "prepare_gqa_decode_paged", "prepare_mla_decode", "prepare_mla_sparse_fwd", "prepare_sm110_gqa_decode", "quantize_k_cache", "quantize_kv_fp8",
     "sm110_gqa_decode",
 ]

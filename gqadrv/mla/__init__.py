@@ -1,4 +1,5 @@
-"""gqadrv.mla: multi-head latent attention decode (DeepSeek MLA, FlashMLA's API without torch)."""
+"""gqadrv.mla: multi-head latent attention (DeepSeek MLA, FlashMLA's API without torch): dense and sparse
+decode, sparse prefill, the FP8 cache format."""
 
 from ..ops.registry import OpRecord as _OpRecord
 from . import routes as _routes
@@ -11,9 +12,15 @@ from .api import (
 )
 from .fp8_cache import dequantize_k_cache, quantize_k_cache
 from .reference import mla_decode_reference
+from .sparse_prefill import (
+    PreparedMlaSparseFwd,
+    flash_mla_sparse_fwd,
+    prepare_mla_sparse_fwd,
+)
 
-__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "dequantize_k_cache", "flash_mla_with_kvcache", "get_mla_metadata",
-           "mla_decode_reference", "prepare_mla_decode", "quantize_k_cache"]
+__all__ = ["MlaSchedMeta", "PreparedMlaDecode", "PreparedMlaSparseFwd", "dequantize_k_cache", "flash_mla_sparse_fwd",
+           "flash_mla_with_kvcache", "get_mla_metadata", "mla_decode_reference", "prepare_mla_decode",
+           "prepare_mla_sparse_fwd", "quantize_k_cache"]
 
 
 def _describe(cc: tuple[int, int]) -> str:

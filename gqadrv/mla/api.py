@@ -171,38 +171,80 @@ def _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache
     return problem, s, dl
 
 
-def _sparse_plan(sp, out, lse, s: int, dl: int | None, backend, num_splits, meta, make_ws):
-    """Route, split, allocate (outputs when not given, workspace through ``make_ws(sizes, zero)``) and
-    fill the three launches' values: (variant, loaded, splits, ws, new_out, new_lse, out ptr, lse ptr,
-    parts) with parts = (gather fields, dense (grid, block, smem, values), finish fields or None)."""
-    ov, lv = _sparse.validate_outputs(sp, out, lse, stream=dl)
-    probe = _sparse.dense_problem(sp, 0, 0, 0)
+@dataclasses.dataclass
+class SparseLaunch:
+    """The launches of one sparse MLA call: gather, the dense kernel per row chunk, finish (or None)."""
+
+    gather: Any
+    finish: Any
+    variant: Any
+    dense: Any                # the dense kernel's Loaded
+    splits: int
+    ws: Any
+    dense_parts: list         # [(grid, block, smem, values)] per row chunk
+    fields: dict              # MlaSparseArgs of gather and finish
+
+    def launch(self, sp, s: int) -> None:
+        """Enqueue everything on stream s (convenience calls)."""
+        launch_packed(self.gather.kernel, *_sparse.gather_geometry(sp), _sparse.SIGNATURE, s, (self.fields,), sp.device)
+        for grid, block, smem, values in self.dense_parts:
+            launch_packed(self.dense.kernel, grid, block, smem, self.variant.family.signature, s, values, sp.device)
+        if self.finish is not None:
+            launch_packed(self.finish.kernel, *_sparse.finish_geometry(sp), _sparse.SIGNATURE, s, (self.fields,),
+                          sp.device)
+
+    def plans(self, sp, s: int) -> tuple:
+        """The same launches as pre-packed LaunchPlans (prepared objects; PDL on)."""
+        gather, finish = _sparse.launch_plans(sp, self.fields, s)
+        dense = tuple(LaunchPlan(self.dense.kernel, g, b, m, ArgPack(self.variant.family.signature).pack(*v),
+                                 stream=s, pdl=True) for g, b, m, v in self.dense_parts)
+        return (gather, *dense) + ((finish,) if finish is not None else ())
+
+
+def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_rows_ptr, max_offset: int | None,
+                  backend, num_splits, meta, make_ws) -> SparseLaunch:
+    """Route and split the dense kernel on the lists, allocate the workspace (``make_ws(sizes, zero)``)
+    and pack every launch. ``out_strides``: element strides of out's (request, token, head) dims;
+    ``lse_rows_ptr(ws)``: where the dense kernel writes its [rows, h_q] LSE (and, with ``max_offset``,
+    max_logits at + max_offset)."""
+    gather, finish = _sparse.kernels(sp)
+    chunks = _sparse.row_chunks(sp)
+    probe = _sparse.dense_problem(sp, 0, 0, 0, 0, chunks[0][1], max_offset)
     variant, loaded = _plan.route(probe, backend)
     splits = _splits(probe, variant, num_splits, meta, sp.config())
     ws = make_ws({**_plan.workspace_sizes(probe, variant, splits), **_sparse.workspace_sizes(sp)}, _plan.WORKSPACE_ZERO)
+    lse_rows = lse_rows_ptr(ws)
+    row_stride = out_strides[1] if sp.s_q > 1 else out_strides[0]
+    item = _tensors.DTYPE_BYTES[sp.dtype]
+    q_packed = 0 if sp.q_mergeable else ws.ptr("sp_q")
+    parts = []
+    for row0, n in chunks:
+        dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"), q_packed, row0, n, max_offset)
+        parts.append(_plan.launch_parts(dense, variant, out_strides=(row_stride, 0, out_strides[2]),
+                                        out_ptr=out_ptr + row0 * row_stride * item, lse_ptr=lse_rows + 4 * row0 * sp.h_q,
+                                        ws=ws, splits=splits))
+    fields = _sparse.args_fields(sp, ws, out_ptr, out_strides, lse_ptr, lse_rows)
+    return SparseLaunch(gather, finish, variant, loaded, splits, ws, parts, fields)
+
+
+def _decode_launch(sp, out, lse, s: int, dl: int | None, backend, num_splits, meta, make_ws):
+    """The sparse decode's outputs (caller-given or new) and launches: (new out, new lse, SparseLaunch)."""
+    ov, lv = _sparse.validate_outputs(sp, out, lse, stream=dl)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _allocate_outputs(ov, lv, sp.b, sp.s_q, sp.h_q, sp.dtype, sp.device, s)
-    lse_rows = ws.ptr("sp_lse") if sp.s_q > 1 else l_ptr    # [rows, h_q]: FlashMLA's layout when s_q == 1
-    dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"),
-                                  0 if sp.q_mergeable else ws.ptr("sp_q"))
-    row_stride = o_strides[1] if sp.s_q > 1 else o_strides[0]
-    dense_parts = _plan.launch_parts(dense, variant, out_strides=(row_stride, 0, o_strides[2]), out_ptr=o_ptr,
-                                     lse_ptr=lse_rows, ws=ws, splits=splits)
-    fields = _sparse.args_fields(sp, ws, o_ptr, o_strides, l_ptr, lse_rows)
-    return variant, loaded, splits, ws, new_out, new_lse, dense_parts, fields
+    # the dense kernel's [rows, h_q] LSE is FlashMLA's [b, h_q, s_q] when s_q == 1, else the finish kernel transposes
+    launch = sparse_launch(sp, out_ptr=o_ptr, out_strides=o_strides, lse_ptr=l_ptr,
+                           lse_rows_ptr=lambda ws: ws.ptr("sp_lse") if sp.s_q > 1 else l_ptr, max_offset=None,
+                           backend=backend, num_splits=num_splits, meta=meta, make_ws=make_ws)
+    return new_out, new_lse, launch
 
 
 def _sparse_call(q, k_cache, head_dim_v, meta, num_splits, softmax_scale, causal, is_fp8_kvcache, sparse: dict, out,
                  lse, stream, backend):
     sp, s, dl = _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache, sparse, out, lse, stream,
                                "flash_mla_with_kvcache", capture_ok=True)
-    gather, finish = _sparse.kernels(sp)
-    variant, loaded, _, _, new_out, new_lse, dense_parts, fields = _sparse_plan(
-        sp, out, lse, s, dl, backend, num_splits, meta,
-        lambda sizes, zero: _workspace.pooled(sp.device, s, sizes, zero))
-    launch_packed(gather.kernel, *_sparse.gather_geometry(sp), _sparse.SIGNATURE, s, (fields,), sp.device)
-    launch_packed(loaded.kernel, *dense_parts[:3], variant.family.signature, s, dense_parts[3], sp.device)
-    if finish is not None:
-        launch_packed(finish.kernel, *_sparse.finish_geometry(sp), _sparse.SIGNATURE, s, (fields,), sp.device)
+    new_out, new_lse, launch = _decode_launch(sp, out, lse, s, dl, backend, num_splits, meta,
+                                              lambda sizes, zero: _workspace.pooled(sp.device, s, sizes, zero))
+    launch.launch(sp, s)
     return _export(q, out, lse, new_out, new_lse, s, sp.device)
 
 
@@ -328,19 +370,15 @@ def _prepare_sparse(q, k_cache, head_dim_v, out, lse, softmax_scale, causal, num
                     is_fp8_kvcache, sparse: dict) -> PreparedMlaDecode:
     sp, s, dl = _sparse_ingest(q, k_cache, head_dim_v, softmax_scale, causal, is_fp8_kvcache, sparse, out, lse, stream,
                                "prepare_mla_decode", capture_ok=False)
-    variant, loaded, splits, ws, new_out, new_lse, dense_parts, fields = _sparse_plan(
-        sp, out, lse, s, dl, backend, num_splits, None,
-        lambda sizes, zero: _workspace.alloc(sp.device, s, sizes, zero))
-    gather, finish = _sparse.launch_plans(sp, fields, s)
-    grid, block, smem, values = dense_parts
-    dense = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=s,
-                       pdl=True)
-    plans = (gather, dense) + ((finish,) if finish is not None else ())
+    new_out, new_lse, launch = _decode_launch(sp, out, lse, s, dl, backend, num_splits, None,
+                                              lambda sizes, zero: _workspace.alloc(sp.device, s, sizes, zero))
+    plans = launch.plans(sp, s)
     _sync(s, sp.device)
     o, lo = _export(q, out, lse, new_out, new_lse, s, sp.device)
+    grid, block, smem, _ = launch.dense_parts[0]
     return PreparedMlaDecode(
         device=sp.device, _plans=plans, _out=(o, lo),
-        _keep=(q, k_cache, *sparse.values(), o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
-        route=f"mla_sparse+{variant.name}", num_splits=splits, grid=grid, block=block, dynamic_smem=smem,
-        workspace_bytes=ws.nbytes, arch=loaded.arch, batch=sp.b, capacity=sp.cap,
+        _keep=(q, k_cache, *sparse.values(), o, lo, new_out, new_lse, launch.ws), _status=None, _status_names=(),
+        route=f"mla_sparse+{launch.variant.name}", num_splits=launch.splits, grid=grid, block=block,
+        dynamic_smem=smem, workspace_bytes=launch.ws.nbytes, arch=launch.dense.arch, batch=sp.b, capacity=sp.cap,
     )

@@ -50,6 +50,8 @@ class MlaProblem:
     softmax_scale: float
     causal: bool
     kv_fp8: bool = False  # k_cache in FlashMLA's 656-byte FP8 format (is_fp8_kvcache=True)
+    nope: bool = False    # d_qk 512: q / K rows of 512 channels, no RoPE (sparse prefill only)
+    max_offset: int | None = None  # write max_logits at lse + max_offset (sparse prefill only)
 
     @property
     def capacity(self) -> int:

@@ -57,6 +57,7 @@ D_V = 512
 MAX_SPLITS = 512
 PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
+FLAG_MAX_LOGITS = 2  # the kernels also write max(softmax_scale q.k) per row at lse + max_offset
 VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
 VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a", "sm_110a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
@@ -96,7 +97,7 @@ FIELDS = (
     ("num_splits", "i"),
     ("flags", "i"),
     ("scale_log2", "f"),
-    ("pad0", "i"),  # explicit padding: struct size is a multiple of 8
+    ("max_offset", "i"),  # FLAG_MAX_LOGITS: elements from a row's lse to its max_logits
 )
 FORMAT = "<" + "".join(c for _, c in FIELDS)
 ARGS_BYTES = struct.calcsize(FORMAT)
@@ -144,6 +145,7 @@ class KernelVariant:
     doc: str = ""
     tma_boxes: tuple = ()   # TMA variants: channel blocks per box of each CUtensorMap parameter (k_tensor_maps)
     fp8: bool = False       # reads FlashMLA's 656-byte FP8 cache (MLA_FP8=1; bf16 q only)
+    nope: bool = False      # d_qk 512 (MLA_NOPE=1: q / K rows of 512, no RoPE channels; sparse prefill)
 
     @property
     def tma(self) -> bool:
@@ -192,6 +194,10 @@ KERNELS = {
         (("MLA_FP8", 1),), ("sm_90a",), None,
         "the seesaw on the 656-byte FP8 cache: the producer warpgroup dequantizes half tiles through registers",
         fp8=True),
+    "seesaw_nope": KernelVariant(
+        "seesaw_nope", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_NOPE", 1),), ("sm_90a",), None,
+        "the cp.async seesaw on 512-channel q / K rows (d_qk 512: block 8 zero-filled)", nope=True),
     "wgmma": KernelVariant(
         "wgmma", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 1),), ("sm_90a",), None,
         "original kernel, wgmma, no overlap between phases"),
@@ -203,6 +209,10 @@ KERNELS = {
         ("sm_90a", "sm_100a", "sm_110a"), None,
         "the mma.sync kernel on the 656-byte FP8 cache (every thread dequantizes its share of the next tile)",
         fp8=True),
+    "mma_nope": KernelVariant(
+        "mma_nope", SOURCE, ENTRY, BLOCK_THREADS, BLOCK_M, SMEM_BYTES, (("MLA_MMA", 0), ("MLA_NOPE", 1)),
+        ("sm_90a", "sm_100a", "sm_110a"), None,
+        "the mma.sync kernel on 512-channel q / K rows (d_qk 512: block 8 zero-filled)", nope=True),
 }
 assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_bytes for k, v in KERNELS.items()}
 
@@ -336,8 +346,8 @@ def choose_num_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity_tokens: in
 
 
 def pack_args(**values) -> tuple:
-    """Values in FIELDS order (missing 'pad0' -> 0; unknown or missing fields raise)."""
-    values.setdefault("pad0", 0)
+    """Values in FIELDS order (missing 'max_offset' -> 0; unknown or missing fields raise)."""
+    values.setdefault("max_offset", 0)
     names = [n for n, _ in FIELDS]
     extra = set(values) - set(names)
     if extra:

@@ -40,8 +40,8 @@ def features_of(problem: MlaProblem) -> set[str]:
 def tma_ok(problem: MlaProblem) -> bool:
     """k_cache can be read by the TMA seesaw (kernel_spec.tma_eligible)."""
     k = problem.k_cache
-    if problem.kv_fp8:
-        return False  # the FP8 kernels read K through registers
+    if problem.kv_fp8 or problem.nope:
+        return False  # the FP8 kernels read K through registers; 512-channel rows are gathered
     return _ks.tma_eligible(problem.page_size, k.ptr, tuple(k.strides[:3]), problem.num_blocks)
 
 
@@ -67,11 +67,11 @@ def param_values(problem: MlaProblem, variant: _routes.MlaVariant, fields: dict)
 
 def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
     use_tma = tma_ok(problem)
-    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8)
+    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8, problem.nope)
     hit = _routes_cache.get(key)
     if hit is None:
         variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend,
-                                         use_tma, problem.kv_fp8)
+                                         use_tma, problem.kv_fp8, problem.nope)
         require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     elif problem.causal or problem.s_q > 1:
@@ -112,8 +112,10 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
         "m_rows": problem.m_rows, "num_m_blocks": _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv, variant.family.name),
         "page_size": problem.page_size, "page_shift": _ks.page_shift(problem.page_size),
         "max_blocks": problem.max_blocks, "num_splits": splits,
-        "flags": _ks.FLAG_CAUSAL if problem.causal else 0,
-        "scale_log2": _ks.scale_log2(problem.softmax_scale), "pad0": 0,
+        "flags": (_ks.FLAG_CAUSAL if problem.causal else 0) | (_ks.FLAG_MAX_LOGITS if problem.max_offset is not None
+                                                               else 0),
+        "scale_log2": _ks.scale_log2(problem.softmax_scale),
+        "max_offset": problem.max_offset if problem.max_offset is not None else 0,
     }
 
 

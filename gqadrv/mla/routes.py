@@ -39,6 +39,7 @@ class MlaFamily(KernelFamily):
     max_rows: int | None = None   # largest M = s_q * h_q / h_kv the kernel serves (None: any)
     tma_boxes: tuple = ()         # TMA families: channel blocks per box of each CUtensorMap parameter
     fp8: bool = False             # reads the 656-byte FP8 cache (bf16 q only)
+    nope: bool = False            # d_qk 512: q / K rows of 512 channels (sparse prefill's MODEL1 layout)
 
     @property
     def tma(self) -> bool:
@@ -49,7 +50,7 @@ class MlaFamily(KernelFamily):
 FAMILIES = {
     name: MlaFamily(name, k.source, k.entry, k.arches, {0: SIG, 1: SIG_TMA1, 2: SIG_TMA}[len(k.tma_boxes)],
                     FP8_FEATURES if k.fp8 else FEATURES, block_m=k.block_m, max_rows=k.max_rows,
-                    tma_boxes=k.tma_boxes, fp8=k.fp8)
+                    tma_boxes=k.tma_boxes, fp8=k.fp8, nope=k.nope)
     for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)
@@ -93,7 +94,7 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
 
 
 def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None,
-                   tma_ok: bool = False, fp8: bool = False) -> MlaVariant:
+                   tma_ok: bool = False, fp8: bool = False, nope: bool = False) -> MlaVariant:
     """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one.
     ``tma_ok``: k_cache is TMA-describable (kernel_spec.tma_eligible), so the seesaw runs as
     ``seesaw_tma`` unless the cp.async ``seesaw`` is forced. ``fp8``: k_cache is the 656-byte FP8
@@ -110,7 +111,16 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
                              f"one of {fp8_names}")
     elif FAMILIES[name].fp8:
         raise ValueError(f"MLA backend {name!r} reads the 656-byte FP8 cache: pass is_fp8_kvcache=True with it")
-    if name == "seesaw" and forced in (None, "auto") and tma_ok:
+    elif nope:
+        base = name[:-5] if name.endswith("_nope") else name
+        if base + "_nope" not in FAMILIES:
+            nope_names = sorted(n[:-5] for n, f in FAMILIES.items() if f.nope)
+            raise ValueError(f"MLA backend {name!r} reads 576-channel rows; d_qk 512 is served by {nope_names} "
+                             "(or 'auto')")
+        name = base + "_nope"
+    elif FAMILIES[name].nope:
+        raise ValueError(f"MLA backend {name!r} is the d_qk 512 build; it is chosen by d_qk, not by name")
+    if name == "seesaw" and forced in (None, "auto") and tma_ok and not nope:
         name = "seesaw_tma"
     fam = FAMILIES[name]
     if fam.tma and not tma_ok:
@@ -127,7 +137,7 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
 
 def variants_for_arch(arch: str) -> list[MlaVariant]:
     return [MlaVariant(f, dt) for f in FAMILIES.values() if arch in f.arches
-            for dt in (("bfloat16",) if f.fp8 else ("float16", "bfloat16"))]
+            for dt in (("bfloat16",) if f.fp8 or f.nope else ("float16", "bfloat16"))]
 
 
 def default_splits(variant: MlaVariant, b: int, s_q: int, h_q: int, h_kv: int, capacity: int, sm_count: int) -> int:

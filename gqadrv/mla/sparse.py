@@ -50,13 +50,13 @@ SPARSE_ARGS = NamedStruct(
     "MlaSparseArgs",
     ("indices", "Q"), ("topk_length", "Q"), ("extra_indices", "Q"), ("extra_topk_length", "Q"),
     ("q", "Q"), ("q_packed", "Q"), ("lists", "Q"), ("counts", "Q"), ("lse_rows", "Q"), ("lse", "Q"),
-    ("out", "Q"), ("attn_sink", "Q"),
+    ("out", "Q"), ("attn_sink", "Q"), ("cu_seqlens_q", "Q"), ("cu_seqlens_kv", "Q"),
     ("idx_stride_b", "q"), ("idx_stride_s", "q"), ("eidx_stride_b", "q"), ("eidx_stride_s", "q"),
     ("q_stride_b", "q"), ("q_stride_s", "q"), ("q_stride_h", "q"), ("o_stride_r", "q"), ("o_stride_h", "q"),
     ("slots", "q"), ("page_stride16", "q"), ("row_stride16", "q"),
     ("extra_slots", "q"), ("extra_page_stride16", "q"), ("extra_row_stride16", "q"), ("extra_base16", "q"),
     ("page_size", "i"), ("extra_page_size", "i"), ("topk", "i"), ("extra_topk", "i"), ("cap", "i"),
-    ("b", "i"), ("s_q", "i"), ("h_q", "i"), ("rows", "i"), ("flags", "i"),
+    ("b", "i"), ("s_q", "i"), ("h_q", "i"), ("rows", "i"), ("flags", "i"), ("n_req", "i"), ("d_qk", "i"),
 )
 SIGNATURE = Signature(("args", SPARSE_ARGS))
 
@@ -128,6 +128,14 @@ class SparseProblem:
     extra_indices: TensorView | None
     extra_topk_length: TensorView | None
     attn_sink: TensorView | None
+    d_qk: int = 576                       # 512: q / K rows without RoPE channels (sparse prefill)
+    cu_q: TensorView | None = None        # varlen prefill: cu_seqlens_q [n_req + 1]
+    cu_kv: TensorView | None = None       # varlen prefill: cu_seqlens_kv [n_req + 1]
+    max_logits: bool = False              # the dense kernel also writes max_logits (sparse prefill)
+
+    @property
+    def n_req(self) -> int:
+        return self.cu_q.shape[0] - 1 if self.cu_q is not None else 0
 
     @property
     def rows(self) -> int:
@@ -244,8 +252,6 @@ def validate_sparse(q: Any, k_cache: Any, indices: Any, head_dim_v: Any, softmax
         raise TypeError(f"is_fp8_kvcache=True needs a bfloat16 q (the cache dequantizes to bf16), got {qv.dtype}")
     if b < 1 or s_q < 1:
         raise ValueError(f"q must hold at least one request and query token, got {_oc.shape_str(qv)}")
-    if b * s_q > MAX_ROWS:
-        raise ValueError(f"batch * s_q = {b * s_q} exceeds {MAX_ROWS} (one dense-decode grid row per query token)")
     if not 1 <= h_q <= _contract.MAX_HEADS_Q:
         raise ValueError(f"h_q must be in [1, {_contract.MAX_HEADS_Q}], got {h_q}")
     _contract._rows_16b(qv)
@@ -311,7 +317,7 @@ def workspace_sizes(problem: SparseProblem) -> dict:
     if problem.s_q > 1:
         sizes["sp_lse"] = (problem.rows * problem.h_q, "f32")
     if not problem.q_mergeable:
-        sizes["sp_q"] = (problem.rows * problem.h_q * _contract.D_QK // 2, "u32")
+        sizes["sp_q"] = (problem.rows * problem.h_q * problem.d_qk // 2, "u32")
     return sizes
 
 
@@ -320,27 +326,37 @@ def _synthetic(name: str, ptr: int, shape: tuple, strides: tuple, dtype: str, it
     return TensorView(None, name, ptr, shape, strides, dtype, itemsize, device, framework)
 
 
-def dense_problem(problem: SparseProblem, lists_ptr: int, counts_ptr: int, q_packed_ptr: int) -> _contract.MlaProblem:
-    """The dense decode the gathered lists feed: rows = b * s_q requests of one query token and h_q
-    heads (h_kv 1), page_size 1, block_table = the lists (entries: 16-byte offsets from the main
-    pool's base), cache_seqlens = the counts."""
+def dense_problem(problem: SparseProblem, lists_ptr: int, counts_ptr: int, q_packed_ptr: int, row0: int = 0,
+                  rows: int | None = None, max_offset: int | None = None) -> _contract.MlaProblem:
+    """The dense decode the gathered lists feed, for rows [row0, row0 + rows) (default: all): one
+    "request" per (request, query token) row with s_q = 1 and h_q heads (h_kv 1), page_size 1,
+    block_table = the lists (entries: 16-byte offsets from the main pool's base), cache_seqlens =
+    the counts; q, lists and counts start at row0 (the caller offsets out / lse). ``max_offset``:
+    the kernel also writes max_logits at lse + max_offset."""
     q, dev, fw = problem.q, problem.device, problem.q.framework
-    rows, cap, h = problem.rows, problem.cap, problem.h_q
+    rows = problem.rows - row0 if rows is None else rows
+    cap, h, d = problem.cap, problem.h_q, problem.d_qk
     if q_packed_ptr:
-        qs = (h * _contract.D_QK, h * _contract.D_QK, _contract.D_QK, 1)
-        qptr = q_packed_ptr
+        qs = (h * d, h * d, d, 1)
+        qptr = q_packed_ptr + row0 * h * d * q.itemsize
     else:
-        qs = ((q.strides[1] if problem.s_q > 1 else q.strides[0]), 0, q.strides[2], 1)
-        qptr = q.ptr
-    qv = _synthetic("q", qptr, (rows, 1, h, _contract.D_QK), qs, q.dtype, q.itemsize, dev, fw)
+        rs = q.strides[1] if problem.s_q > 1 else q.strides[0]
+        qs = (rs, 0, q.strides[2], 1)
+        qptr = q.ptr + row0 * rs * q.itemsize
+    qv = _synthetic("q", qptr, (rows, 1, h, d), qs, q.dtype, q.itemsize, dev, fw)
     pool = problem.pool.view
     # a 16-byte "page" stride in the kernels' element units (FP8 byte strides are halved by mla.plan)
     k_strides = (16, 0, 0, 1) if problem.kv_fp8 else (8, 0, 0, 1)
     kv = _synthetic("k_cache", pool.ptr, (1, 1, 1, pool.shape[3]), k_strides, pool.dtype, pool.itemsize, dev, fw)
-    bt = _synthetic("lists", lists_ptr, (rows, cap), (cap, 1), "int32", 4, dev, fw)
-    ln = _synthetic("counts", counts_ptr, (rows,), (1,), "int32", 4, dev, fw)
+    bt = _synthetic("lists", lists_ptr + 4 * row0 * cap, (rows, cap), (cap, 1), "int32", 4, dev, fw)
+    ln = _synthetic("counts", counts_ptr + 4 * row0, (rows,), (1,), "int32", 4, dev, fw)
     return _contract.MlaProblem(rows, 1, h, 1, h, 1, 1, cap, problem.dtype, dev, qv, kv, bt, ln,
-                                problem.softmax_scale, False, problem.kv_fp8)
+                                problem.softmax_scale, False, problem.kv_fp8, nope=d == 512, max_offset=max_offset)
+
+
+def row_chunks(problem: SparseProblem) -> list[tuple[int, int]]:
+    """(row0, rows) of the dense launches: at most MAX_ROWS rows each (the dense grid's z limit)."""
+    return [(r, min(MAX_ROWS, problem.rows - r)) for r in range(0, problem.rows, MAX_ROWS)]
 
 
 def args_fields(problem: SparseProblem, ws: Any, out_ptr: int, out_strides: tuple, lse_ptr: int,
@@ -375,6 +391,8 @@ def args_fields(problem: SparseProblem, ws: Any, out_ptr: int, out_strides: tupl
         "page_size": pool.page, "extra_page_size": extra.page if extra else 1,
         "topk": problem.topk, "extra_topk": problem.extra_topk, "cap": problem.cap,
         "b": problem.b, "s_q": problem.s_q, "h_q": problem.h_q, "rows": problem.rows, "flags": flags,
+        "cu_seqlens_q": problem.cu_q.ptr if problem.cu_q else 0,
+        "cu_seqlens_kv": problem.cu_kv.ptr if problem.cu_kv else 0, "n_req": problem.n_req, "d_qk": problem.d_qk,
     }
 
 

@@ -16,6 +16,9 @@
 #ifndef MLA_MMA
 #define MLA_MMA 1  // 1 = wgmma (sm_90a only), 0 = mma.sync m16n8k16 + ldmatrix (sm_80+)
 #endif
+#ifndef MLA_NOPE
+#define MLA_NOPE 0  // 1 = d_qk 512 (no RoPE channels: q and K rows of 512; channel block 8 zero-filled)
+#endif
 #ifndef MLA_SMEM_BYTES
 #error "MLA_SMEM_BYTES not defined (dynamic shared memory the host launches with)"
 #endif
@@ -28,7 +31,8 @@
 #define MLA_MAX_SPLITS 512  // merge weights [64][S] fp32 live in the 144 KB K ring
 
 // args.flags bits
-#define MLA_FLAG_CAUSAL 1   // bottom-right causal mask (only meaningful for s_q > 1)
+#define MLA_FLAG_CAUSAL 1       // bottom-right causal mask (only meaningful for s_q > 1)
+#define MLA_FLAG_MAX_LOGITS 2   // also write each row's max logit (natural units) at lse + max_offset
 
 struct MlaDecodeArgs {
   const u16* q;              // [b, s_q, h_q, 576]   strides q_stride_{b,s,h}, last dim contiguous
@@ -36,7 +40,9 @@ struct MlaDecodeArgs {
   const i32* block_table;    // [b, max_blocks]      row stride bt_stride; entries >= ceil(len/page) never read
   const i32* cache_seqlens;  // [b]                  read on the device only; clamped to [0, max_blocks*page_size]
   u16* out;                  // [b, s_q, h_q, 512]   strides o_stride_{b,s,h}, last dim contiguous
-  float* lse;                // [b, h_q, s_q]        contiguous, natural log, +inf for rows without keys
+  float* lse;                // [b, h_q, s_q]        contiguous, natural log, +inf for rows without keys;
+                             //                      with MLA_FLAG_MAX_LOGITS max(softmax_scale q.k) at
+                             //                      lse + max_offset (-inf for rows without keys)
   float* ws_o;               // [b, h_kv, nmb, S, 64, 512] fp32 unnormalised partial O (S > 1, else unused)
   float* ws_ml;              // [b, h_kv, nmb, S, 64, 2]   {running max (log2 domain), row sum} per partial row
   u32* counters;             // [b, h_kv, nmb]       arrival tickets; zero between launches (the last CTA resets)
@@ -63,5 +69,5 @@ struct MlaDecodeArgs {
   int num_splits;            // S in [1, MLA_MAX_SPLITS]; grid.x = nmb * S
   int flags;                 // MLA_FLAG_* bits
   float scale_log2;          // softmax_scale * log2(e)
-  int pad0;                  // explicit padding to a multiple of 8 bytes
+  int max_offset;            // MLA_FLAG_MAX_LOGITS: elements from a row's lse to its max_logits (else 0)
 };

@@ -119,6 +119,14 @@ GQADRV_DEVICE void sum_rows_2wg(float* lsum, float l_lo, float l_hi, int lo, int
   L_lo = lsum[lo] + lsum[64 + lo];
   L_hi = lsum[hi] + lsum[64 + hi];
 }
+// A finished row's statistics: lse = ln 2 * (log2 L + m) (+inf when L == 0, no key), and with
+// MLA_FLAG_MAX_LOGITS its max logit ln 2 * m (-inf when L == 0) at lse + max_offset. m: the running
+// max of the row's scaled logits in the log2 domain; L: the row sum relative to it.
+GQADRV_DEVICE void store_row_stats(const MlaDecodeArgs& a, float* lse, float L, float m) {
+  *lse = L > 0.f ? (fast_log2(L) + m) * LN2 : pos_inf();
+  if (a.flags & MLA_FLAG_MAX_LOGITS) lse[a.max_offset] = L > 0.f ? m * LN2 : neg_inf();
+}
+
 // The thread's two rows, as the stores below need them.
 struct RowPair {
   int lo, hi;        // rows of the block
@@ -126,11 +134,11 @@ struct RowPair {
   float m_lo, m_hi;  // running max (log2 domain)
   float L_lo, L_hi;  // row sums
 };
-// S == 1: out = O / L (q dtype); lse = ln 2 * (log2 L + m) (+inf and zeros for L == 0), written by
-// warpgroup 0. out_row(r) / lse_at(r): the out row / lse element of the block's row r.
+// S == 1: out = O / L (q dtype); lse (and max_logits) by store_row_stats (+inf and zeros for L == 0),
+// written by warpgroup 0. out_row(r) / lse_at(r): the out row / lse element of the block's row r.
 template <int DT, class OutRow, class LseAt>
-GQADRV_DEVICE void store_out_rows(const float (&o)[128], const RowPair& rp, int wg, int t, OutRow out_row,
-                                  LseAt lse_at) {
+GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, int wg, int t,
+                                  OutRow out_row, LseAt lse_at) {
   const float inv_lo = rp.L_lo > 0.f ? 1.f / rp.L_lo : 0.f, inv_hi = rp.L_hi > 0.f ? 1.f / rp.L_hi : 0.f;
   if (rp.v_lo) {
     u16* dst = out_row(rp.lo) + 256 * wg + 2 * t;
@@ -145,8 +153,8 @@ GQADRV_DEVICE void store_out_rows(const float (&o)[128], const RowPair& rp, int 
       *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
   }
   if (wg == 0 && t == 0) {
-    if (rp.v_lo) *lse_at(rp.lo) = rp.L_lo > 0.f ? (fast_log2(rp.L_lo) + rp.m_lo) * LN2 : pos_inf();
-    if (rp.v_hi) *lse_at(rp.hi) = rp.L_hi > 0.f ? (fast_log2(rp.L_hi) + rp.m_hi) * LN2 : pos_inf();
+    if (rp.v_lo) store_row_stats(a, lse_at(rp.lo), rp.L_lo, rp.m_lo);
+    if (rp.v_hi) store_row_stats(a, lse_at(rp.hi), rp.L_hi, rp.m_hi);
   }
 }
 // S > 1: the unnormalised fp32 O and {m, L} of the valid rows to the workspace, partial row slot0 + r
@@ -213,7 +221,7 @@ GQADRV_DEVICE void merge_partials_to(const MlaDecodeArgs& a, float* wts, long lo
     }
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int sp = 0; sp < S; ++sp) wts[tid * S + sp] *= inv;
-    *lse_at(tid) = L > 0.f ? (fast_log2(L) + mmax) * LN2 : pos_inf();
+    store_row_stats(a, lse_at(tid), L, mmax);
   }
   sync();
   for (int item = tid; item < rows * (D_V / 8); item += NT) {

@@ -33,12 +33,15 @@
 //              everywhere AND every thread finished tile i-1's GEMMs (wgmma waited), so the other
 //              stage and P may be overwritten; tile i+1's loads are issued right after B1.
 //           B2 row maxima of both warpgroups published.   B3 P tile written (+ proxy fence).
+// d_qk 512 (MLA_NOPE=1): q and K rows of 512 channels; channel block 8 of the Q and K tiles is
+//           neither loaded nor read (Q K^T over blocks 0..7).
 // Masking   logits of tokens >= the row's limit (len, or len - (s_q - 1 - s) when causal) are set
 //           to -1e33 (log2 domain) and the running max starts at -1e30, so no inf/NaN arithmetic;
 //           K/V rows of tokens >= len are zero-filled by cp.async (src-size 0, no global read), so a
 //           NaN in an unused page can never reach P V, and block_table[p] is read only for
 //           p < ceil(len / page_size).
 // Split     S == 1: out = O / l (q dtype), lse = ln 2 * (log2 l + m), +inf and zeros for l == 0.
+//           With MLA_FLAG_MAX_LOGITS also max logit = ln 2 * m at lse + max_offset (-inf for l == 0).
 //           S > 1: unnormalised fp32 O and {m, l} of every valid row go to the workspace (empty
 //           splits write m = -1e30, l = 0, O = 0), then __syncthreads, thread 0 takes a ticket
 //           (atom.acq_rel.gpu on counters[b, kvh, mb]), __syncthreads; the CTA drawing S - 1 merges
@@ -57,11 +60,13 @@
 #if MLA_FP8
 #include "../common/fp8_rows.cuh"
 #endif
+static_assert(!(MLA_NOPE && MLA_FP8), "MLA_NOPE (d_qk 512) is built for bf16 / fp16 rows");
 
 namespace mla {
 constexpr int DT = MLA_DT;
 constexpr u32 CB_BYTES = 64u * 128u;      // one channel block of a 64-row tile
 constexpr u32 TILE_BYTES = NCB * CB_BYTES;  // 73728
+constexpr int NCB_QK = MLA_NOPE ? NCB - 1 : NCB;  // channel blocks of Q K^T (d_qk 512: no RoPE block)
 constexpr u32 OFF_Q = 0;
 constexpr u32 OFF_K = TILE_BYTES;         // two stages
 constexpr u32 OFF_P = 3 * TILE_BYTES;
@@ -80,7 +85,7 @@ GQADRV_DEVICE void load_tile_rows(u32 tile, const u16* src, const u16* any, int 
   const int row = tid >> 2;
   const u32 nbytes = src != nullptr ? 16u : 0u;
 #pragma unroll
-  for (int i = 0; i < 18; ++i) {
+  for (int i = 0; i < 2 * NCB_QK; ++i) {  // MLA_NOPE: channel block 8 is neither loaded nor read
     const int c = (tid & 3) + 4 * i;
     const u16* p = src != nullptr ? src + c * 8 : any;
     cp_async_16(tile + (u32)(c >> 3) * CB_BYTES + swz(row, c & 7), p, nbytes);
@@ -126,7 +131,7 @@ GQADRV_DEVICE void gemm_qk(float (&s)[16], u32 q_base, u32 k_tile, int wg, int /
   for (int i = 0; i < 16; ++i) s[i] = 0.f;
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < NCB * 4; ++ks) {
+  for (int ks = 0; ks < NCB_QK * 4; ++ks) {
     const u64 off = (u64)(((u32)(ks >> 2) * CB_BYTES + (u32)(ks & 3) * 32u) >> 4);
     wgmma_m64n32k16_ss<DT, 0, 0>(s, dq + off, dk + off, ks > 0 ? 1 : 0);
   }
@@ -163,7 +168,7 @@ GQADRV_DEVICE void gemm_qk(float (&s)[16], u32 q_base, u32 k_tile, int wg, int w
   const u32 b_base0 = k_tile + (u32)(32 * wg + lr + 8 * (mi >> 1)) * 128u;  // tokens 32wg + [0, 16)
   const u32 b_base1 = b_base0 + 16u * 128u;                                 // tokens 32wg + [16, 32)
 #pragma unroll 4
-  for (int ks = 0; ks < NCB * 4; ++ks) {
+  for (int ks = 0; ks < NCB_QK * 4; ++ks) {
     const u32 cb = (u32)(ks >> 2) * CB_BYTES;
     const int u0 = (ks & 3) * 2;
     u32 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;
@@ -369,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 
   const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
   if (S == 1) {
-    store_out_rows<DT>(o, rp, wg, t, out_row, lse_at);
+    store_out_rows<DT>(a, o, rp, wg, t, out_row, lse_at);
     return;
   }
 

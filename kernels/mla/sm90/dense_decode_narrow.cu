@@ -473,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
             sts_u16(stg + (u32)n * STG_BF16 + 2u * ch, half_bits<DT>(ot[m][4 * j + 2 * h + e] * inv));
           }
         if (w == 0 && g == 0 && n < rows)
-          *lse_ptr(a, b, kvh, row0 + n) = Lr[j][e] > 0.f ? (fast_log2(Lr[j][e]) + m_run[j][e]) * LN2 : pos_inf();
+          store_row_stats(a, lse_ptr(a, b, kvh, row0 + n), Lr[j][e], m_run[j][e]);
       }
     named_bar_sync(BAR_C, 128);
     for (int item = tid; item < rows * 64; item += 128) {

@@ -43,6 +43,9 @@
 //           and completes each block on full[slot][cb] with cp.async.mbarrier.arrive.noinc (count 128).
 //           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
 //           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
+// d_qk 512 (MLA_NOPE=1, sparse prefill without RoPE channels; cp.async path only): q and K rows hold
+//           512 channels; the producer zero-fills channel block 8 of Q and of every K tile instead of
+//           reading it, so Q K^T over the 9 blocks equals the 512-channel product.
 // TMA mode (MLA_TMA_K=1, entry mla_dense_decode_seesaw_tma, parameters (k_lo, k_hi, args): two
 //           CUtensorMaps of k_cache as 5-D (64 channels, page tokens, 9 channel blocks, h_kv,
 //           num_blocks) with strides (token, 128 B, head, page) and boxes (64, 64, 4 | 5, 1, 1), 128B
@@ -143,6 +146,7 @@ enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5
 #define MLA_TMA_K 0  // 1: K tiles by TMA (one producer thread), see the header comment
 #endif
 static_assert(!(MLA_TMA_K && MLA_FP8), "the FP8 build loads K through registers, not by TMA");
+static_assert(!(MLA_NOPE && (MLA_TMA_K || MLA_FP8)), "MLA_NOPE (d_qk 512) is built on the cp.async bf16 / fp16 path");
 
 
 // After a consumer's wait on a full barrier: cp.async data (generic proxy) needs a proxy fence
@@ -191,7 +195,7 @@ GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4]
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int r = 16 * pw + 4 * q + (lane >> 3);
-      const bool ok = p[q] != nullptr;
+      const bool ok = p[q] != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: the RoPE block is zeros
       cp_async_16(slot + (u32)c * CB + swz(r, u), ok ? (const void*)(p[q] + c * 64) : (const void*)any, ok ? 16u : 0u);
     }
     cp_async_mbar_arrive_noinc(bar_slot0 + 8u * (u32)c);
@@ -498,9 +502,11 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           const int r = 16 * pw + 4 * q + (lane >> 3), rg = row0 + r;
           const u16* src = rg < M ? q_row_ptr(a, b, kvh, rg) + u * 8 : nullptr;
 #pragma unroll
-          for (int c = 0; c < NCB; ++c)
-            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), src ? (const void*)(src + c * 64) : (const void*)a.q,
-                        src ? 16u : 0u);
+          for (int c = 0; c < NCB; ++c) {
+            const bool ok = src != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: q rows of 512, block 8 zeros
+            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), ok ? (const void*)(src + c * 64) : (const void*)a.q,
+                        ok ? 16u : 0u);
+          }
         }
 #if MLA_TMA_K
         cp_async_wait_all();
@@ -779,7 +785,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 
   const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
   if (S == 1) {
-    store_out_rows<DT>(o, rp, wg, t, [&](int r) { return out_row_ptr(a, b, kvh, row0 + r); },
+    store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, b, kvh, row0 + r); },
                        [&](int r) { return lse_ptr(a, b, kvh, row0 + r); });
     return;
   }

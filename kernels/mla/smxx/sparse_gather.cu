@@ -20,8 +20,12 @@
 //              slot count, is invalid and never used as an address). Valid positions are compacted in
 //              order into list[r, 0 .. count) (the main pool's, then the extra pool's), count -> counts[r].
 //              Entries at or past count are not written (the dense kernels never read them).
-//              With MLA_SPARSE_PACK_Q, q[bi, si] (h_q rows of 576) is also copied to q_packed[r]
+//              With MLA_SPARSE_PACK_Q, q[bi, si] (h_q rows of d_qk) is also copied to q_packed[r]
 //              (16-byte copies) for a q whose batch and token strides cannot be merged.
+//              Varlen prefill (cu_seqlens_q != null): row r belongs to the request i with
+//              cu_q[i] <= r < cu_q[i+1]; its indices are valid in [0, cu_kv[i+1] - cu_kv[i]) and name
+//              main-pool slot cu_kv[i] + x (bounds clamped to the pool: bad device data cannot
+//              address outside it).
 //   Warps      no roles. Per chunk of 128 positions: a ballot per warp, a prefix over the 4 warp
 //              totals in shared memory, one store per valid position.
 //   Smem map   static: 4 warp totals (int).
@@ -47,8 +51,6 @@
 
 #define MLA_SPARSE_THREADS 128
 #define MLA_SPARSE_WARPS 4
-#define MLA_SPARSE_D_QK 576
-#define MLA_SPARSE_D_V 512
 
 // args.flags bits
 #define MLA_SPARSE_PACK_Q 1      // gather: copy q rows into q_packed
@@ -69,6 +71,9 @@ struct MlaSparseArgs {
   float* lse;                    // [b, h_q, s_q]         FlashMLA's layout (WRITE_LSE)
   u16* out;                      // rows r: out + r * o_stride_r + h * o_stride_h (SINK)
   const float* attn_sink;        // [h_q] (SINK)
+  const i32* cu_seqlens_q;       // [n_req + 1] or null: varlen prefill, rows [cu_q[i], cu_q[i+1]) are request i
+  const i32* cu_seqlens_kv;      // [n_req + 1]: request i's indices address main-pool slots
+                                 //   [cu_kv[i], cu_kv[i+1]) as 0 .. length - 1
   long long idx_stride_b;        // elements between requests of indices
   long long idx_stride_s;        // elements between query tokens of indices
   long long eidx_stride_b;       // elements between requests of extra_indices
@@ -95,14 +100,17 @@ struct MlaSparseArgs {
   int h_q;                       // query heads
   int rows;                      // b * s_q
   int flags;                     // MLA_SPARSE_* bits
+  int n_req;                     // varlen requests (cu_seqlens_q != null)
+  int d_qk;                      // channels of a q row (576, or 512 without RoPE)
 };
 
 namespace {
 
-// Append the valid positions [0, n) of one index row to list[base ..); returns the new length.
-// Every thread of the CTA calls it (the barriers are CTA-wide).
-GQADRV_DEVICE int append_valid(const i32* idx, int n, long long slots, int page, long long page16, long long row16,
-                               long long base16, i32* list, int len, int* warp_totals) {
+// Append the valid positions [0, n) of one index row to list[len ..); returns the new length. An
+// index x is valid when 0 <= x < slots; it names pool slot first + x. Every thread of the CTA calls
+// it (the barriers are CTA-wide).
+GQADRV_DEVICE int append_valid(const i32* idx, int n, long long first, long long slots, int page, long long page16,
+                               long long row16, long long base16, i32* list, int len, int* warp_totals) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll 1
@@ -121,13 +129,29 @@ GQADRV_DEVICE int append_valid(const i32* idx, int n, long long slots, int page,
       total += c;
     }
     if (ok) {
-      const long long pg = x / page, off = x - pg * page;
+      const long long pg = (first + x) / page, off = first + x - pg * page;
       list[before + __popc(vote & below)] = (i32)(base16 + pg * page16 + off * row16);
     }
     len += total;
     __syncthreads();  // the totals are read before the next chunk overwrites them
   }
   return len;
+}
+
+// Varlen rows: the request of query row r (binary search over cu_q, which the host does not read;
+// any contents terminate and give a request in [0, n_req)), and its KV slot range [first, first +
+// count) clamped to [0, slots].
+GQADRV_DEVICE void request_range(const MlaSparseArgs& a, int r, long long& first, long long& count) {
+  int lo = 0, hi = a.n_req - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (a.cu_seqlens_q[mid] <= r) lo = mid; else hi = mid - 1;
+  }
+  long long s0 = a.cu_seqlens_kv[lo], s1 = a.cu_seqlens_kv[lo + 1];
+  s0 = s0 < 0 ? 0 : (s0 > a.slots ? a.slots : s0);
+  s1 = s1 < s0 ? s0 : (s1 > a.slots ? a.slots : s1);
+  first = s0;
+  count = s1 - s0;
 }
 
 GQADRV_DEVICE int clamp_len(const i32* lengths, int bi, int n) {
@@ -170,22 +194,24 @@ extern "C" __global__ void __launch_bounds__(MLA_SPARSE_THREADS) mla_sparse_gath
   const int bi = r / a.s_q, si = r - bi * a.s_q;
   i32* list = a.lists + (long long)r * a.cap;
   const i32* idx = a.indices + (long long)bi * a.idx_stride_b + (long long)si * a.idx_stride_s;
-  int len = append_valid(idx, clamp_len(a.topk_length, bi, a.topk), a.slots, a.page_size, a.page_stride16,
+  long long first = 0, count = a.slots;
+  if (a.cu_seqlens_q != nullptr) request_range(a, r, first, count);
+  int len = append_valid(idx, clamp_len(a.topk_length, bi, a.topk), first, count, a.page_size, a.page_stride16,
                          a.row_stride16, 0, list, 0, warp_totals);
   if (a.extra_indices != nullptr) {
     const i32* eidx = a.extra_indices + (long long)bi * a.eidx_stride_b + (long long)si * a.eidx_stride_s;
-    len = append_valid(eidx, clamp_len(a.extra_topk_length, bi, a.extra_topk), a.extra_slots, a.extra_page_size,
+    len = append_valid(eidx, clamp_len(a.extra_topk_length, bi, a.extra_topk), 0, a.extra_slots, a.extra_page_size,
                        a.extra_page_stride16, a.extra_row_stride16, a.extra_base16, list, len, warp_totals);
   }
   if (threadIdx.x == 0) a.counts[r] = len;
   if (a.flags & MLA_SPARSE_PACK_Q) {
     const u16* src = a.q + (long long)bi * a.q_stride_b + (long long)si * a.q_stride_s;
-    u16* dst = a.q_packed + (long long)r * a.h_q * MLA_SPARSE_D_QK;
-    const int chunks = a.h_q * (MLA_SPARSE_D_QK / 8);
+    u16* dst = a.q_packed + (long long)r * a.h_q * a.d_qk;
+    const int per_row = a.d_qk / 8, chunks = a.h_q * per_row;
 #pragma unroll 1
     for (int c = threadIdx.x; c < chunks; c += MLA_SPARSE_THREADS) {
-      const int h = c / (MLA_SPARSE_D_QK / 8), j = c - h * (MLA_SPARSE_D_QK / 8);
-      copy16(dst + h * MLA_SPARSE_D_QK + 8 * j, src + (long long)h * a.q_stride_h + 8 * j);
+      const int h = c / per_row, j = c - h * per_row;
+      copy16(dst + h * a.d_qk + 8 * j, src + (long long)h * a.q_stride_h + 8 * j);
     }
   }
 }
