@@ -9,6 +9,9 @@
     codes, scale = gj.quantize_kv_fp8(k)
     k8 = gj.quantize_k_cache(k_bf16); k16 = gj.dequantize_k_cache(k8)
     out, lse = gj.flash_mla_with_kvcache(q, k8, block_table, cache_seqlens, 512, is_fp8_kvcache=True)
+    out, lse = gj.flash_mla_with_kvcache(q, k8, None, None, 512, is_fp8_kvcache=True, indices=indices,
+                                         attn_sink=sink, topk_length=topk_length)   # sparse decode
+    out, max_logits, lse = gj.flash_mla_sparse_fwd(q, kv, indices, sm_scale)   # sparse prefill
 
 Each call becomes one XLA custom call whose Python callback receives JAX's CUDA stream
 (``ExecutionContext.stream``) and XLA's device buffers (``Buffer``: DLPack-exportable, C-contiguous,
@@ -16,8 +19,9 @@ inputs read-only, outputs writable). The callback hands them to gqadrv as inputs
 ``lse=`` and launches on that stream, so the outputs are JAX-owned and ordered like any other XLA op.
 Lengths and block tables are JAX arrays read on the device, so one compiled function serves every
 length. The scalar options (``q_scale``, ``sm_scale``, ``softmax_scale``, ``causal``, ``num_splits``,
-``backend``, ``is_fp8_kvcache``, ``head_axis``, a numeric quantizer scale) are static Python values, not
-traced arrays.
+``backend``, ``is_fp8_kvcache``, ``head_axis``, a numeric quantizer scale, the sparse prefill's ``d_v``)
+are static Python values, not traced arrays; which of the optional arrays (the MLA sparse arguments,
+the sparse prefill's sinks, lengths and cu_seqlens) are given is static too.
 
 The callback runs at every execution (it is not recorded into XLA command buffers), costing one
 Python call and gqadrv's convenience-call host time per op. gqadrv's split workspace comes from its
@@ -41,6 +45,7 @@ except ImportError as exc:  # jax < 0.7
                       "pip install 'gqadrv[jax]'") from exc
 
 import functools
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any, cast
@@ -52,14 +57,16 @@ from .gqa.kv_fp8 import quantize_kv_fp8 as _quantize_kv_fp8
 from .gqa.merge import merge_state as _merge_state
 from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
-from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla import contract as _mla_contract
+from .mla import sparse_prefill as _sparse_prefill
+from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
 from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
+from .ops import contract as _ops_contract
 from .runtime.driver import device_scope
 
-__all__ = ["dequantize_k_cache", "flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged", "merge_state",
-           "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
+__all__ = ["dequantize_k_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache", "gqa_decode", "gqa_decode_paged",
+           "merge_state", "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
 
 _CACHE = 256  # compiled-callable cache entries per op (static options x shapes)
 
@@ -291,34 +298,139 @@ def _static_bool(name: str, v: Any) -> bool:
     return v
 
 
+_MLA_DENSE_OPERANDS = ("block_table", "cache_seqlens")
+_MLA_SPARSE_ARGS = ("indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+                    "extra_topk_length")
+
+
 @functools.lru_cache(maxsize=_CACHE)
 def _mla_callable(q_shape: tuple[int, ...], dtype: Any, head_dim_v: int, num_splits: int | None,
                   softmax_scale: float | None, causal: bool, backend: str | None,
-                  is_fp8_kvcache: bool = False) -> Callable[..., Any]:
+                  is_fp8_kvcache: bool = False, operands: tuple[str, ...] = _MLA_DENSE_OPERANDS) -> Callable[..., Any]:
+    """``operands``: the names of the array operands after q and k_cache, in order (the dense path:
+    block_table, cache_seqlens; the sparse path: the optional arrays given). Those not named are None
+    in the library call; the sparse ones are forwarded only when given."""
     b, s_q, h_q, _ = q_shape
     result = (_sds((b, s_q, h_q, head_dim_v), dtype), _sds((b, h_q, s_q), jnp.float32))
 
-    def run(ctx: Any, outs: Any, q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any) -> None:
+    def run(ctx: Any, outs: Any, q: Any, k_cache: Any, *arrays: Any) -> None:
         out, lse = outs
+        given = dict(zip(operands, arrays))
+        block_table, cache_seqlens = given.pop("block_table", None), given.pop("cache_seqlens", None)
         stream, ordinal = _cuda_target(ctx, q)
         with device_scope(ordinal):  # the callback runs on an XLA thread: XLA's context
             _flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, None, num_splits, softmax_scale, causal,
                        is_fp8_kvcache=is_fp8_kvcache, out=out, lse=lse, stream=stream,
-                       backend=backend)  # type: ignore[arg-type]
+                       backend=backend, **given)  # type: ignore[arg-type]
 
     return cast("Callable[..., Any]", buffer_callback(run, result))
 
 
-def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Array, cache_seqlens: jax.Array,
-                           head_dim_v: int = 512, tile_scheduler_metadata: Any = None, num_splits: int | None = None,
-                           softmax_scale: float | None = None, causal: bool = False, is_fp8_kvcache: bool = False, *,
+def _dtype_str(x: Any) -> str:
+    return str(jnp.dtype(x.dtype).name)
+
+
+def _check_mla_fp8_cache(name: str, q: Any, k: Any) -> None:
+    if jnp.dtype(q.dtype) != jnp.bfloat16:
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
+    if jnp.ndim(k) != 4 or k.shape[-1] != _MLA_FP8_ROW_BYTES or _dtype_str(k) not in _FP8_CACHE_DTYPES:
+        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs {name} [num_blocks, "
+                         f"page_size, h_kv, {_MLA_FP8_ROW_BYTES}] of dtype {' / '.join(_FP8_CACHE_DTYPES)}, got "
+                         f"{tuple(k.shape)} {k.dtype}")
+
+
+def _check_sparse_pool(name: str, q: Any, k: Any, is_fp8_kvcache: bool) -> None:
+    """A sparse-path KV pool: [num_blocks, page_size, 1, 656] FP8 bytes or [num_blocks, page_size, 1, 576]
+    of q's dtype."""
+    fp8_dtype = _dtype_str(k) in _FP8_CACHE_DTYPES
+    if not is_fp8_kvcache and fp8_dtype:
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} has dtype {k.dtype}: an FP8 cache needs "
+                        "is_fp8_kvcache=True")
+    row = _MLA_FP8_ROW_BYTES if is_fp8_kvcache else _MLA_D_QK
+    if jnp.ndim(k) != 4 or k.shape[2] != 1 or k.shape[3] != row:
+        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have shape [num_blocks, page_size, 1, "
+                         f"{row}] on the sparse path (h_kv = 1), got {tuple(k.shape)}")
+    if is_fp8_kvcache and not fp8_dtype:
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have dtype {' or '.join(_FP8_CACHE_DTYPES)} "
+                        f"with is_fp8_kvcache=True, got {k.dtype}")
+    if not is_fp8_kvcache and jnp.dtype(k.dtype) != jnp.dtype(q.dtype):
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have q's dtype {q.dtype}, got {k.dtype}")
+
+
+def _check_sparse_int(name: str, x: Any, shape: tuple, what: str) -> None:
+    if x is None:
+        return
+    if _dtype_str(x) != "int32":
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have dtype int32, got {x.dtype}")
+    if jnp.ndim(x) != len(shape) or any(want is not None and have != want for have, want in zip(x.shape, shape)):
+        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have shape {what}, got {tuple(x.shape)}")
+
+
+def _check_mla_sparse(q: Any, k_cache: Any, head_dim_v: int, causal: bool, is_fp8_kvcache: bool,
+                      sparse: dict) -> None:
+    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes; the library checks everything
+    again in the callback)."""
+    b, s_q, h_q, d = q.shape
+    if causal:
+        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: causal=True is not defined on the sparse path (indices "
+                         "name each query token's keys)")
+    if head_dim_v != _mla_contract.D_V:
+        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: head_dim_v must be {_mla_contract.D_V}, got {head_dim_v}")
+    if d != _MLA_D_QK:
+        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: q must have shape [batch, s_q, h_q, {_MLA_D_QK}], got "
+                         f"{tuple(q.shape)}")
+    if _dtype_str(q) not in ("float16", "bfloat16"):
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache expects q float16 or bfloat16, got {q.dtype}")
+    if is_fp8_kvcache and jnp.dtype(q.dtype) != jnp.bfloat16:
+        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
+    _check_sparse_pool("k_cache", q, k_cache, is_fp8_kvcache)
+    _check_sparse_int("indices", sparse["indices"], (b, s_q, None), f"[{b}, {s_q}, topk] (batch, s_q of q)")
+    _check_sparse_int("topk_length", sparse["topk_length"], (b,), f"({b},)")
+    extra, extra_idx = sparse["extra_k_cache"], sparse["extra_indices_in_kvcache"]
+    if (extra is None) != (extra_idx is None):
+        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: extra_k_cache and extra_indices_in_kvcache go together: "
+                         "give both or neither")
+    if extra is None and sparse["extra_topk_length"] is not None:
+        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: extra_topk_length needs extra_k_cache and "
+                         "extra_indices_in_kvcache")
+    if extra is not None:
+        _check_sparse_pool("extra_k_cache", q, extra, is_fp8_kvcache)
+        _check_sparse_int("extra_indices_in_kvcache", extra_idx, (b, s_q, None), f"[{b}, {s_q}, extra_topk]")
+        _check_sparse_int("extra_topk_length", sparse["extra_topk_length"], (b,), f"({b},)")
+    sink = sparse["attn_sink"]
+    if sink is not None:
+        if _dtype_str(sink) != "float32":
+            raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: attn_sink must have dtype float32, got {sink.dtype}")
+        if jnp.ndim(sink) != 1 or sink.shape[0] != h_q:
+            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: attn_sink must have shape ({h_q},) (one value per "
+                             f"query head), got {tuple(sink.shape)}")
+
+
+def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Array | None = None,
+                           cache_seqlens: jax.Array | None = None, head_dim_v: int = 512,
+                           tile_scheduler_metadata: Any = None, num_splits: int | None = None,
+                           softmax_scale: float | None = None, causal: bool = False, is_fp8_kvcache: bool = False,
+                           indices: jax.Array | None = None, attn_sink: jax.Array | None = None,
+                           extra_k_cache: jax.Array | None = None, extra_indices_in_kvcache: jax.Array | None = None,
+                           topk_length: jax.Array | None = None, extra_topk_length: jax.Array | None = None, *,
                            backend: str | None = None) -> tuple[jax.Array, jax.Array]:
-    """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense path) as an XLA custom call.
+    """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense and sparse paths) as an XLA
+    custom call.
 
     Returns new JAX arrays ``(out [b, s_q, h_q, head_dim_v] in q's dtype, lse fp32 [b, h_q, s_q])``.
     ``tile_scheduler_metadata`` is accepted for FlashMLA compatibility and ignored.
     ``is_fp8_kvcache=True`` (static): k_cache is FlashMLA's 656-byte FP8 cache [num_blocks, page_size,
     h_kv, 656] (uint8 / int8 / float8_e4m3fn, as ``quantize_k_cache`` writes it) and q must be bfloat16.
+
+    Dense path (``indices`` None): block_table int32 [b, max_blocks] and cache_seqlens int32 [b] are
+    required; the sparse arguments must be None.
+
+    Sparse path (``indices`` int32 [b, s_q, topk] given): k_cache [num_blocks, page_size, 1, 656] FP8 or
+    [num_blocks, page_size, 1, 576] of q's dtype; ``attn_sink`` float32 [h_q]; ``topk_length`` int32
+    [b]; ``extra_k_cache`` (same format, own num_blocks / page) with ``extra_indices_in_kvcache`` int32
+    [b, s_q, extra_topk] and ``extra_topk_length`` int32 [b]; block_table / cache_seqlens are ignored
+    (may be None); causal must be False; head_dim_v 512. The arrays given are operands (their values
+    may change between calls of one compilation); which of them are given is static.
     """
     del tile_scheduler_metadata
     if jnp.ndim(q) != 4:
@@ -326,19 +438,142 @@ def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Ar
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
         raise TypeError(f"num_splits must be None or a static int, got {type(num_splits).__name__}")
     fp8 = _static_bool("is_fp8_kvcache", is_fp8_kvcache)
-    if fp8:
-        if jnp.dtype(q.dtype) != jnp.bfloat16:
-            raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
-        if (jnp.ndim(k_cache) != 4 or k_cache.shape[-1] != _MLA_FP8_ROW_BYTES
-                or jnp.dtype(k_cache.dtype).name not in _FP8_CACHE_DTYPES):
-            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs k_cache [num_blocks, "
-                             f"page_size, h_kv, {_MLA_FP8_ROW_BYTES}] of dtype {' / '.join(_FP8_CACHE_DTYPES)}, got "
-                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
+    sparse = dict(zip(_MLA_SPARSE_ARGS, (indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                                         extra_topk_length)))
+    statics = (tuple(q.shape), jnp.dtype(q.dtype), int(head_dim_v), num_splits,
+               _static_float("softmax_scale", softmax_scale))
+    if indices is None:
+        given = [k for k, v in sparse.items() if v is not None]
+        if given:
+            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: "
+                             "pass indices (int32 [b, s_q, topk]) with them, or leave them None for dense decode")
+        missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
+        if missing:
+            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: dense MLA decode needs {' and '.join(missing)} "
+                             "(only the sparse path, with indices, goes without them)")
+        if fp8:
+            _check_mla_fp8_cache("k_cache", q, k_cache)
+            k_cache = _as_fp8_bytes(k_cache)
+        fn = _mla_callable(*statics, bool(causal), backend, fp8)
+        out, lse = fn(q, k_cache, block_table, cache_seqlens)
+        return out, lse
+    causal = _static_bool("causal", causal)
+    _check_mla_sparse(q, k_cache, int(head_dim_v), causal, fp8, sparse)
+    if fp8:   # float8 pools travel as their uint8 bytes
         k_cache = _as_fp8_bytes(k_cache)
-    fn = _mla_callable(tuple(q.shape), jnp.dtype(q.dtype), int(head_dim_v), num_splits,
-                       _static_float("softmax_scale", softmax_scale), bool(causal), backend, fp8)
-    out, lse = fn(q, k_cache, block_table, cache_seqlens)
+        if extra_k_cache is not None:
+            sparse["extra_k_cache"] = _as_fp8_bytes(extra_k_cache)
+    # block_table / cache_seqlens are ignored by the sparse path: not operands
+    names = tuple(k for k, v in sparse.items() if v is not None)
+    fn = _mla_callable(*statics, causal, backend, fp8, names)
+    out, lse = fn(q, k_cache, *(sparse[k] for k in names))
     return out, lse
+
+
+# ----------------------------------------------------------------------------- sparse MLA prefill
+_SPARSE_D_QKS = _sparse_prefill.D_QKS
+_SPARSE_FWD_OPERANDS = ("attn_sink", "topk_length", "cu_seqlens_q", "cu_seqlens_kv")
+
+
+def _sparse_fwd_into(q: Any, kv: Any, indices: Any, sm_scale: float, d_v: int, attn_sink: Any, topk_length: Any,
+                     cu_seqlens_q: Any, cu_seqlens_kv: Any, *, out: Any, stats: Any, stream: int,
+                     backend: str | None) -> None:
+    """``gqadrv.flash_mla_sparse_fwd`` writing into the framework-allocated ``out`` bf16 [s_q, h_q, 512]
+    and ``stats`` fp32 [2, s_q, h_q] (``stats[0]`` max_logits, ``stats[1]`` lse: the kernel writes a
+    row's max logit at a fixed offset from its LSE, so both live in one buffer), on ``stream``."""
+    _sparse_prefill.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length,
+                                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, out=out, stats=stats,
+                                         stream=stream, backend=backend)
+
+
+@functools.lru_cache(maxsize=_CACHE)
+def _sparse_fwd_callable(s_q: int, h_q: int, sm_scale: float, d_v: int, backend: str | None,
+                         operands: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """Outputs (out bf16 [s_q, h_q, 512], stats fp32 [2, s_q, h_q]); ``operands``: the names of the
+    optional arrays given after q, kv and indices, in ``_SPARSE_FWD_OPERANDS`` order."""
+    result = (_sds((s_q, h_q, _mla_contract.D_V), jnp.bfloat16), _sds((2, s_q, h_q), jnp.float32))
+
+    def run(ctx: Any, outs: Any, q: Any, kv: Any, indices: Any, *arrays: Any) -> None:
+        out, stats = outs
+        given = dict(zip(operands, arrays))
+        stream, ordinal = _cuda_target(ctx, q)
+        with device_scope(ordinal):  # the callback runs on an XLA thread: XLA's context
+            _sparse_fwd_into(q, kv, indices, sm_scale, d_v, given.get("attn_sink"), given.get("topk_length"),
+                             given.get("cu_seqlens_q"), given.get("cu_seqlens_kv"), out=out, stats=stats,
+                             stream=stream, backend=backend)
+
+    return cast("Callable[..., Any]", buffer_callback(run, result))
+
+
+def _check_sparse_fwd(q: Any, kv: Any, indices: Any, d_v: int, given: dict) -> tuple[int, int]:
+    """Trace-time form of gqadrv's sparse-prefill rules (shapes and dtypes; the library checks
+    everything again in the callback): (s_q, h_q)."""
+    op = "gqadrv.jax.flash_mla_sparse_fwd"
+    if d_v != _mla_contract.D_V:
+        raise ValueError(f"{op}: d_v must be {_mla_contract.D_V}, got {d_v}")
+    if jnp.ndim(q) != 3 or q.shape[2] not in _SPARSE_D_QKS:
+        raise ValueError(f"{op}: q must have shape [s_q, h_q, d_qk] with d_qk 576 or 512, got {tuple(q.shape)}")
+    if _dtype_str(q) != "bfloat16":
+        raise TypeError(f"{op}: q must have dtype bfloat16, got {q.dtype}")
+    s_q, h_q, d = (int(x) for x in q.shape)
+    if not 1 <= h_q <= _mla_contract.MAX_HEADS_Q:
+        raise ValueError(f"{op}: h_q must be in [1, {_mla_contract.MAX_HEADS_Q}], got {h_q}")
+    if jnp.ndim(kv) != 3 or kv.shape[1] != 1 or kv.shape[2] != d:
+        raise ValueError(f"{op}: kv must have shape [s_kv, 1, {d}] (q's d_qk; one KV head), got {tuple(kv.shape)}")
+    if _dtype_str(kv) != "bfloat16":
+        raise TypeError(f"{op}: kv must have dtype bfloat16, got {kv.dtype}")
+    if _dtype_str(indices) != "int32":
+        raise TypeError(f"{op}: indices must have dtype int32, got {indices.dtype}")
+    if jnp.ndim(indices) != 3 or indices.shape[0] != s_q or indices.shape[1] != 1:
+        raise ValueError(f"{op}: indices must have shape [{s_q}, 1, topk] (s_q of q, one KV head), got "
+                         f"{tuple(indices.shape)}")
+    wants = {"attn_sink": ("float32", (h_q,), f"({h_q},) (one value per query head)"),
+             "topk_length": ("int32", (s_q,), f"({s_q},) (one length per query token)"),
+             "cu_seqlens_q": ("int32", (None,), "[n + 1] (n requests)"),
+             "cu_seqlens_kv": ("int32", (None,), "[n + 1] (n requests)")}
+    for name, x in given.items():
+        dtype, shape, what = wants[name]
+        if _dtype_str(x) != dtype:
+            raise TypeError(f"{op}: {name} must have dtype {dtype}, got {x.dtype}")
+        if jnp.ndim(x) != len(shape) or any(w is not None and h != w for h, w in zip(x.shape, shape)):
+            raise ValueError(f"{op}: {name} must have shape {what}, got {tuple(x.shape)}")
+    if ("cu_seqlens_q" in given) != ("cu_seqlens_kv" in given):
+        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv go together: give both (varlen batch) or neither")
+    if "cu_seqlens_q" in given and given["cu_seqlens_q"].shape != given["cu_seqlens_kv"].shape:
+        raise ValueError(f"{op}: cu_seqlens_q {tuple(given['cu_seqlens_q'].shape)} and cu_seqlens_kv "
+                         f"{tuple(given['cu_seqlens_kv'].shape)} must have the same length (one entry per request + 1)")
+    return s_q, h_q
+
+
+def flash_mla_sparse_fwd(q: jax.Array, kv: jax.Array, indices: jax.Array, sm_scale: float, d_v: int = 512,
+                         attn_sink: jax.Array | None = None, topk_length: jax.Array | None = None, *,
+                         cu_seqlens_q: jax.Array | None = None, cu_seqlens_kv: jax.Array | None = None,
+                         backend: str | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``gqadrv.flash_mla_sparse_fwd`` (FlashMLA's DeepSeek sparse prefill, its names and order) as an
+    XLA custom call.
+
+    q bf16 [s_q, h_q, d_qk] (d_qk 576 or 512, h_q 1..128), kv bf16 [s_kv, 1, d_qk], indices int32
+    [s_q, 1, topk] (an index < 0 or >= s_kv, or outside the request's KV rows in the varlen form, is
+    invalid); ``sm_scale`` (absolute, required) and ``d_v`` (512) static; ``attn_sink`` float32
+    [h_q]; ``topk_length`` int32 [s_q]; ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 [n + 1] (both or
+    neither: request i's query tokens index its own KV rows from 0). The arrays given are operands
+    (their values may change between calls of one compilation); which of them are given is static.
+    Returns new JAX arrays ``(out bf16 [s_q, h_q, 512], max_logits fp32 [s_q, h_q], lse fp32 [s_q,
+    h_q])``; a row without a valid index gives out 0, max_logits -inf, lse +inf. (The callback writes
+    max_logits and lse into one fp32 [2, s_q, h_q] output, sliced here.)
+    """
+    if sm_scale is None:
+        raise TypeError("sm_scale is required (FlashMLA's flash_mla_sparse_fwd has no default), e.g. d_qk ** -0.5")
+    scale = _ops_contract.check_positive_scale("sm_scale", _static_float("sm_scale", sm_scale),
+                                               limit=_ops_contract.F32_MAX / math.log2(math.e))
+    if isinstance(d_v, bool) or not isinstance(d_v, numbers.Integral):
+        raise TypeError(f"d_v must be a static int, got {type(d_v).__name__}")
+    arrays = dict(zip(_SPARSE_FWD_OPERANDS, (attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv)))
+    given = {n: x for n, x in arrays.items() if x is not None}
+    s_q, h_q = _check_sparse_fwd(q, kv, indices, int(d_v), given)
+    fn = _sparse_fwd_callable(s_q, h_q, scale, int(d_v), backend, tuple(given))
+    out, stats = fn(q, kv, indices, *given.values())
+    return out, stats[0], stats[1]
 
 
 # ----------------------------------------------------------------------------- FP8 KV quantizer

@@ -11,6 +11,9 @@
     k8 = gt.quantize_k_cache(k_bf16)                            # torch.ops.gqadrv.quantize_k_cache
     k16 = gt.dequantize_k_cache(k8)                             # torch.ops.gqadrv.dequantize_k_cache
     out, lse = gt.flash_mla_with_kvcache(q, k8, block_table, cache_seqlens, 512, is_fp8_kvcache=True)
+    out, lse = gt.flash_mla_with_kvcache(q, k8, None, None, 512, is_fp8_kvcache=True, indices=indices,
+                                         attn_sink=sink, topk_length=topk_length)   # sparse decode
+    out, max_logits, lse = gt.flash_mla_sparse_fwd(q, kv, indices, sm_scale)   # sparse prefill
 
 Each op is registered with ``torch.library.custom_op`` in the ``gqadrv`` namespace, functional (no
 argument is mutated; the outputs are new tensors that alias nothing) and with a fake implementation
@@ -39,6 +42,7 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
     raise ImportError(f"gqadrv.torch needs PyTorch >= 2.4 (torch.library.custom_op); found torch {torch.__version__}: "
                       "pip install 'gqadrv[torch]'")
 
+import math
 import numbers
 from typing import Any
 
@@ -47,13 +51,15 @@ from .gqa.kv_fp8 import quantize_kv_fp8 as _quantize_kv_fp8
 from .gqa.merge import merge_state as _merge_state
 from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
-from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla import contract as _mla_contract
+from .mla import sparse_prefill as _sparse_prefill
+from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
 from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
+from .ops import contract as _ops_contract
 
-__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "dequantize_k_cache", "flash_mla_with_kvcache", "gqa_decode",
-           "gqa_decode_paged", "merge_state", "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
+__all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "dequantize_k_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache",
+           "gqa_decode", "gqa_decode_paged", "merge_state", "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
 
 NAMESPACE = "gqadrv"
 MLA_LSE_DTYPE = torch.float32
@@ -69,12 +75,23 @@ _PAGED_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor block_table
                  "-> (Tensor, Tensor)")
 _MERGE_PAIR_SCHEMA = "(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b) -> (Tensor, Tensor)"
 _MERGE_STACKED_SCHEMA = "(Tensor v, Tensor s) -> (Tensor, Tensor)"
-# is_fp8_kvcache last and defaulted: callers of the schema without it (a bf16 / fp16 cache) keep working
-_MLA_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, int? num_splits, "
-               "float? softmax_scale, bool causal, str? backend, bool is_fp8_kvcache=False) -> (Tensor, Tensor)")
+# is_fp8_kvcache (10th) and the sparse tensors after it defaulted: callers of the schema without them (the dense
+# path, a bf16 / fp16 cache) keep working. block_table / cache_seqlens are optional: the sparse path (indices
+# given) ignores them; the dense path needs both.
+_MLA_SPARSE_ARGS = ("indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+                    "extra_topk_length")
+_MLA_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor? block_table, Tensor? cache_seqlens, int head_dim_v, "
+               "int? num_splits, float? softmax_scale, bool causal, str? backend, bool is_fp8_kvcache=False, "
+               + ", ".join(f"Tensor? {n}=None" for n in _MLA_SPARSE_ARGS) + ") -> (Tensor, Tensor)")
 # the FP8 KV quantizer: the scale is a float32 tensor (scale_t) or a number (scale_f), or neither (computed);
 # the second output is always a float32 tensor (the computed scale, the number, or a copy of scale_t)
 _KV_FP8_SCHEMA = "(Tensor x, Tensor? scale_t, float? scale_f, int? head_axis) -> (Tensor, Tensor)"
+# sparse MLA prefill: the second output is fp32 [2, s_q, h_q] = (max_logits, lse) (one buffer: the kernel writes
+# max_logits at a fixed offset from the LSE; gt.flash_mla_sparse_fwd returns its two halves)
+_SPARSE_FWD_SCHEMA = ("(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v=512, Tensor? attn_sink=None, "
+                      "Tensor? topk_length=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_kv=None, "
+                      "str? backend=None) -> (Tensor, Tensor)")
+_SPARSE_D_QKS = _sparse_prefill.D_QKS
 _K_CACHE_Q_SCHEMA = "(Tensor k_bf16) -> Tensor"
 _K_CACHE_DQ_SCHEMA = "(Tensor k_fp8) -> Tensor"
 
@@ -326,37 +343,159 @@ def _check_mla_fp8(q: torch.Tensor, k_cache: torch.Tensor) -> None:
                          f"{tuple(k_cache.shape)} {k_cache.dtype}")
 
 
+def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
+
+
+def _check_mla_dense(block_table: torch.Tensor | None, cache_seqlens: torch.Tensor | None, sparse: dict) -> None:
+    """Trace-time form of gqadrv's dense-path rules: no sparse argument without ``indices``, and the
+    block table and lengths given."""
+    given = [k for k, v in sparse.items() if v is not None]
+    if given:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: pass "
+                         "indices (int32 [b, s_q, topk]) with them, or leave them None for dense decode")
+    missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
+    if missing:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: dense MLA decode needs {' and '.join(missing)} (only the "
+                         "sparse path, with indices, goes without them)")
+
+
+def _check_sparse_pool(name: str, q: torch.Tensor, k: torch.Tensor, is_fp8_kvcache: bool) -> None:
+    """A sparse-path KV pool: [num_blocks, page_size, 1, 656] FP8 bytes or [num_blocks, page_size, 1, 576]
+    of q's dtype."""
+    fp8_dtype = _dtype_name(k) in _FP8_CACHE_DTYPES
+    if not is_fp8_kvcache and fp8_dtype:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} has dtype {k.dtype}: an FP8 cache needs "
+                        "is_fp8_kvcache=True")
+    row = _MLA_FP8_ROW_BYTES if is_fp8_kvcache else _MLA_D_QK
+    if k.dim() != 4 or k.shape[2] != 1 or k.shape[3] != row:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {name} must have shape [num_blocks, page_size, 1, {row}] "
+                         f"on the sparse path (h_kv = 1), got {tuple(k.shape)}")
+    if is_fp8_kvcache and not fp8_dtype:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have dtype {' or '.join(_FP8_CACHE_DTYPES)} "
+                        f"with is_fp8_kvcache=True, got {k.dtype}")
+    if not is_fp8_kvcache and k.dtype != q.dtype:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have q's dtype {q.dtype}, got {k.dtype}")
+
+
+def _check_sparse_int(name: str, t: torch.Tensor | None, shape: tuple, what: str) -> None:
+    if t is None:
+        return
+    if t.dtype != torch.int32:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have dtype int32, got {t.dtype}")
+    if t.dim() != len(shape) or any(want is not None and have != want for have, want in zip(t.shape, shape)):
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {name} must have shape {what}, got {tuple(t.shape)}")
+
+
+def _check_mla_sparse(q: torch.Tensor, k_cache: torch.Tensor, head_dim_v: int, causal: bool, is_fp8_kvcache: bool,
+                      sparse: dict) -> None:
+    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes; the library checks everything
+    again at run time, strides and devices included)."""
+    b, s_q, h_q, d = q.shape
+    if causal:
+        raise ValueError("gqadrv::flash_mla_with_kvcache: causal=True is not defined on the sparse path (indices "
+                         "name each query token's keys)")
+    if head_dim_v != _mla_contract.D_V:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: head_dim_v must be {_mla_contract.D_V}, got {head_dim_v}")
+    if d != _MLA_D_QK:
+        raise ValueError(f"gqadrv::flash_mla_with_kvcache: q must have shape [batch, s_q, h_q, {_MLA_D_QK}], got "
+                         f"{tuple(q.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache expects q float16 or bfloat16, got {q.dtype}")
+    if is_fp8_kvcache and q.dtype != torch.bfloat16:
+        raise TypeError(f"gqadrv::flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
+    _check_sparse_pool("k_cache", q, k_cache, is_fp8_kvcache)
+    _check_sparse_int("indices", sparse["indices"], (b, s_q, None), f"[{b}, {s_q}, topk] (batch, s_q of q)")
+    _check_sparse_int("topk_length", sparse["topk_length"], (b,), f"({b},)")
+    extra, extra_idx = sparse["extra_k_cache"], sparse["extra_indices_in_kvcache"]
+    if (extra is None) != (extra_idx is None):
+        raise ValueError("gqadrv::flash_mla_with_kvcache: extra_k_cache and extra_indices_in_kvcache go together: "
+                         "give both or neither")
+    if extra is None and sparse["extra_topk_length"] is not None:
+        raise ValueError("gqadrv::flash_mla_with_kvcache: extra_topk_length needs extra_k_cache and "
+                         "extra_indices_in_kvcache")
+    if extra is not None:
+        _check_sparse_pool("extra_k_cache", q, extra, is_fp8_kvcache)
+        _check_sparse_int("extra_indices_in_kvcache", extra_idx, (b, s_q, None), f"[{b}, {s_q}, extra_topk]")
+        _check_sparse_int("extra_topk_length", sparse["extra_topk_length"], (b,), f"({b},)")
+    sink = sparse["attn_sink"]
+    if sink is not None:
+        if sink.dtype != torch.float32:
+            raise TypeError(f"gqadrv::flash_mla_with_kvcache: attn_sink must have dtype float32, got {sink.dtype}")
+        if sink.dim() != 1 or sink.shape[0] != h_q:
+            raise ValueError(f"gqadrv::flash_mla_with_kvcache: attn_sink must have shape ({h_q},) (one value per "
+                             f"query head), got {tuple(sink.shape)}")
+
+
+def _mla_sparse_dict(indices: torch.Tensor | None, attn_sink: torch.Tensor | None,
+                     extra_k_cache: torch.Tensor | None, extra_indices_in_kvcache: torch.Tensor | None,
+                     topk_length: torch.Tensor | None, extra_topk_length: torch.Tensor | None) -> dict:
+    return dict(zip(_MLA_SPARSE_ARGS, (indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                                       extra_topk_length)))
+
+
+def _check_mla(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
+               cache_seqlens: torch.Tensor | None, head_dim_v: int, causal: bool, is_fp8_kvcache: bool,
+               sparse: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The output shapes after the trace-time checks of the path the arguments select."""
+    out_shape, lse_shape = _mla_shapes(q, head_dim_v)
+    if sparse["indices"] is not None:
+        _check_mla_sparse(q, k_cache, head_dim_v, causal, is_fp8_kvcache, sparse)
+    else:
+        _check_mla_dense(block_table, cache_seqlens, sparse)
+        if is_fp8_kvcache:
+            _check_mla_fp8(q, k_cache)
+    return out_shape, lse_shape
+
+
 @torch.library.custom_op(f"{NAMESPACE}::flash_mla_with_kvcache", mutates_args=(), device_types="cuda",
                          schema=_MLA_SCHEMA)
-def _flash_mla_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-                  head_dim_v: int, num_splits: int | None, softmax_scale: float | None, causal: bool,
-                  backend: str | None, is_fp8_kvcache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_mla_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
+                  cache_seqlens: torch.Tensor | None, head_dim_v: int, num_splits: int | None,
+                  softmax_scale: float | None, causal: bool, backend: str | None, is_fp8_kvcache: bool = False,
+                  indices: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                  extra_k_cache: torch.Tensor | None = None, extra_indices_in_kvcache: torch.Tensor | None = None,
+                  topk_length: torch.Tensor | None = None,
+                  extra_topk_length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    sparse = _mla_sparse_dict(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                              extra_topk_length)
     out_shape, lse_shape = _mla_shapes(q, head_dim_v)
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=MLA_LSE_DTYPE, device=q.device)
-    _flash_mla(q.detach(), k_cache.detach(), block_table.detach(), cache_seqlens.detach(), head_dim_v, None,
+    # only the sparse tensors given are forwarded (the dense call is the library's dense signature)
+    sparse_kw = {k: v.detach() for k, v in sparse.items() if v is not None}
+    _flash_mla(q.detach(), k_cache.detach(), _detach(block_table), _detach(cache_seqlens), head_dim_v, None,
                num_splits, softmax_scale, causal, is_fp8_kvcache=is_fp8_kvcache, out=out, lse=lse,
-               stream=_stream(q), backend=backend)  # type: ignore[arg-type]
+               stream=_stream(q), backend=backend, **sparse_kw)  # type: ignore[arg-type]
     return out, lse
 
 
 @_flash_mla_op.register_fake
-def _flash_mla_fake(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-                    head_dim_v: int, num_splits: int | None, softmax_scale: float | None, causal: bool,
-                    backend: str | None, is_fp8_kvcache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    out_shape, lse_shape = _mla_shapes(q, head_dim_v)
-    if is_fp8_kvcache:
-        _check_mla_fp8(q, k_cache)
+def _flash_mla_fake(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
+                    cache_seqlens: torch.Tensor | None, head_dim_v: int, num_splits: int | None,
+                    softmax_scale: float | None, causal: bool, backend: str | None, is_fp8_kvcache: bool = False,
+                    indices: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                    extra_k_cache: torch.Tensor | None = None, extra_indices_in_kvcache: torch.Tensor | None = None,
+                    topk_length: torch.Tensor | None = None,
+                    extra_topk_length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    sparse = _mla_sparse_dict(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                              extra_topk_length)
+    out_shape, lse_shape = _check_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache,
+                                      sparse)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=MLA_LSE_DTYPE)
 
 
-def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-                           cache_seqlens: torch.Tensor, head_dim_v: int = 512, tile_scheduler_metadata: Any = None,
-                           num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
-                           is_fp8_kvcache: bool = False, *,
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None = None,
+                           cache_seqlens: torch.Tensor | None = None, head_dim_v: int = 512,
+                           tile_scheduler_metadata: Any = None, num_splits: int | None = None,
+                           softmax_scale: float | None = None, causal: bool = False, is_fp8_kvcache: bool = False,
+                           indices: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                           extra_k_cache: torch.Tensor | None = None,
+                           extra_indices_in_kvcache: torch.Tensor | None = None,
+                           topk_length: torch.Tensor | None = None, extra_topk_length: torch.Tensor | None = None, *,
                            backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense path) as the custom op
-    ``torch.ops.gqadrv.flash_mla_with_kvcache``.
+    """``gqadrv.flash_mla_with_kvcache`` (FlashMLA's names and order, dense and sparse paths) as the
+    custom op ``torch.ops.gqadrv.flash_mla_with_kvcache``.
 
     Returns new tensors ``(out [b, s_q, h_q, head_dim_v] in q's dtype, lse fp32 [b, h_q, s_q])``.
     ``tile_scheduler_metadata`` is accepted for FlashMLA compatibility and ignored (gqadrv plans the
@@ -364,13 +503,142 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     ``576 ** -0.5``). ``is_fp8_kvcache=True``: k_cache is FlashMLA's 656-byte FP8 cache
     [num_blocks, page_size, h_kv, 656] (uint8 / int8 / float8_e4m3fn, as ``quantize_k_cache`` writes
     it) and q must be bfloat16.
+
+    Dense path (``indices`` None): block_table int32 [b, max_blocks] and cache_seqlens int32 [b] are
+    required; the sparse arguments must be None.
+
+    Sparse path (``indices`` int32 [b, s_q, topk] given; FlashMLA's DeepSeek sparse decode): k_cache
+    [num_blocks, page_size, 1, 656] FP8 or [num_blocks, page_size, 1, 576] of q's dtype; ``attn_sink``
+    float32 [h_q]; ``topk_length`` int32 [b]; ``extra_k_cache`` (same format, own num_blocks / page)
+    with ``extra_indices_in_kvcache`` int32 [b, s_q, extra_topk] and ``extra_topk_length`` int32 [b];
+    block_table / cache_seqlens are ignored (may be None); causal must be False; head_dim_v 512.
+    Every tensor is read on the device, so a captured graph follows in-place updates of the indices,
+    lengths, sinks and pools.
     """
     del tile_scheduler_metadata
     out, lse = torch.ops.gqadrv.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, int(head_dim_v),
                                                        None if num_splits is None else int(num_splits),
                                                        None if softmax_scale is None else float(softmax_scale),
-                                                       bool(causal), backend, bool(is_fp8_kvcache))
+                                                       bool(causal), backend, bool(is_fp8_kvcache), indices,
+                                                       attn_sink, extra_k_cache, extra_indices_in_kvcache,
+                                                       topk_length, extra_topk_length)
     return out, lse
+
+
+# ----------------------------------------------------------------------------- sparse MLA prefill
+def _sparse_fwd_into(q: Any, kv: Any, indices: Any, sm_scale: float, d_v: int, attn_sink: Any, topk_length: Any,
+                     cu_seqlens_q: Any, cu_seqlens_kv: Any, *, out: Any, stats: Any, stream: int,
+                     backend: str | None) -> None:
+    """``gqadrv.flash_mla_sparse_fwd`` writing into the framework-allocated ``out`` bf16 [s_q, h_q, 512]
+    and ``stats`` fp32 [2, s_q, h_q] (``stats[0]`` max_logits, ``stats[1]`` lse: the kernel writes a
+    row's max logit at a fixed offset from its LSE, so both live in one buffer), on ``stream``."""
+    _sparse_prefill.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length,
+                                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, out=out, stats=stats,
+                                         stream=stream, backend=backend)
+
+
+def _check_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int,
+                      attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None,
+                      cu_seqlens_q: torch.Tensor | None, cu_seqlens_kv: torch.Tensor | None) -> tuple[Any, Any]:
+    """Trace-time form of gqadrv's sparse-prefill rules (shapes, dtypes, sm_scale, d_v; the library
+    checks everything again at run time, strides and devices included): (s_q, h_q)."""
+    op = "gqadrv::flash_mla_sparse_fwd"
+    if d_v != _mla_contract.D_V:
+        raise ValueError(f"{op}: d_v must be {_mla_contract.D_V}, got {d_v}")
+    _ops_contract.check_positive_scale("sm_scale", sm_scale, limit=_ops_contract.F32_MAX / math.log2(math.e))
+    if q.dim() != 3 or q.shape[2] not in _SPARSE_D_QKS:
+        raise ValueError(f"{op}: q must have shape [s_q, h_q, d_qk] with d_qk 576 or 512, got {tuple(q.shape)}")
+    if q.dtype != torch.bfloat16:
+        raise TypeError(f"{op}: q must have dtype bfloat16, got {q.dtype}")
+    s_q, h_q, d = q.shape
+    if not 1 <= h_q <= _mla_contract.MAX_HEADS_Q:
+        raise ValueError(f"{op}: h_q must be in [1, {_mla_contract.MAX_HEADS_Q}], got {h_q}")
+    if kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != d:
+        raise ValueError(f"{op}: kv must have shape [s_kv, 1, {d}] (q's d_qk; one KV head), got {tuple(kv.shape)}")
+    if kv.dtype != torch.bfloat16:
+        raise TypeError(f"{op}: kv must have dtype bfloat16, got {kv.dtype}")
+    if indices.dtype != torch.int32:
+        raise TypeError(f"{op}: indices must have dtype int32, got {indices.dtype}")
+    if indices.dim() != 3 or indices.shape[0] != s_q or indices.shape[1] != 1:
+        raise ValueError(f"{op}: indices must have shape [{s_q}, 1, topk] (s_q of q, one KV head), got "
+                         f"{tuple(indices.shape)}")
+    if attn_sink is not None:
+        if attn_sink.dtype != torch.float32:
+            raise TypeError(f"{op}: attn_sink must have dtype float32, got {attn_sink.dtype}")
+        if attn_sink.dim() != 1 or attn_sink.shape[0] != h_q:
+            raise ValueError(f"{op}: attn_sink must have shape ({h_q},) (one value per query head), got "
+                             f"{tuple(attn_sink.shape)}")
+    if topk_length is not None:
+        if topk_length.dtype != torch.int32:
+            raise TypeError(f"{op}: topk_length must have dtype int32, got {topk_length.dtype}")
+        if topk_length.dim() != 1 or topk_length.shape[0] != s_q:
+            raise ValueError(f"{op}: topk_length must have shape ({s_q},) (one length per query token), got "
+                             f"{tuple(topk_length.shape)}")
+    if (cu_seqlens_q is None) != (cu_seqlens_kv is None):
+        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv go together: give both (varlen batch) or neither")
+    if cu_seqlens_q is not None and cu_seqlens_kv is not None:
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv)):
+            if cu.dtype != torch.int32:
+                raise TypeError(f"{op}: {name} must have dtype int32, got {cu.dtype}")
+            if cu.dim() != 1:
+                raise ValueError(f"{op}: {name} must have shape [n + 1] (n requests), got {tuple(cu.shape)}")
+        if cu_seqlens_q.shape[0] != cu_seqlens_kv.shape[0]:
+            raise ValueError(f"{op}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_kv "
+                             f"{tuple(cu_seqlens_kv.shape)} must have the same length (one entry per request + 1)")
+    return s_q, h_q
+
+
+@torch.library.custom_op(f"{NAMESPACE}::flash_mla_sparse_fwd", mutates_args=(), device_types="cuda",
+                         schema=_SPARSE_FWD_SCHEMA)
+def _sparse_fwd_op(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                   attn_sink: torch.Tensor | None = None, topk_length: torch.Tensor | None = None,
+                   cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_kv: torch.Tensor | None = None,
+                   backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    s_q, h_q = _check_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv)
+    out = torch.empty((s_q, h_q, _mla_contract.D_V), dtype=torch.bfloat16, device=q.device)
+    stats = torch.empty((2, s_q, h_q), dtype=torch.float32, device=q.device)
+    _sparse_fwd_into(q.detach(), kv.detach(), indices.detach(), sm_scale, d_v, _detach(attn_sink),
+                     _detach(topk_length), _detach(cu_seqlens_q), _detach(cu_seqlens_kv), out=out, stats=stats,
+                     stream=_stream(q), backend=backend)
+    return out, stats
+
+
+@_sparse_fwd_op.register_fake
+def _sparse_fwd_fake(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                     attn_sink: torch.Tensor | None = None, topk_length: torch.Tensor | None = None,
+                     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_kv: torch.Tensor | None = None,
+                     backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    s_q, h_q = _check_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv)
+    return (q.new_empty((s_q, h_q, _mla_contract.D_V), dtype=torch.bfloat16),
+            q.new_empty((2, s_q, h_q), dtype=torch.float32))
+
+
+def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                         attn_sink: torch.Tensor | None = None, topk_length: torch.Tensor | None = None, *,
+                         cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_kv: torch.Tensor | None = None,
+                         backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``gqadrv.flash_mla_sparse_fwd`` (FlashMLA's DeepSeek sparse prefill, its names and order) as
+    the custom op ``torch.ops.gqadrv.flash_mla_sparse_fwd``.
+
+    q bf16 [s_q, h_q, d_qk] (d_qk 576 or 512, h_q 1..128), kv bf16 [s_kv, 1, d_qk], indices int32
+    [s_q, 1, topk] (an index < 0 or >= s_kv, or outside the request's KV rows in the varlen form, is
+    invalid); ``sm_scale`` absolute and required; d_v 512; ``attn_sink`` float32 [h_q];
+    ``topk_length`` int32 [s_q]; ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 [n + 1] (both or
+    neither: request i's query tokens index its own KV rows from 0). Returns new tensors ``(out bf16
+    [s_q, h_q, 512], max_logits fp32 [s_q, h_q], lse fp32 [s_q, h_q])``; a row without a valid index
+    gives out 0, max_logits -inf, lse +inf.
+
+    The op returns ``(out, stats)`` with stats fp32 [2, s_q, h_q] (the kernel writes max_logits at a
+    fixed offset from the LSE, and a custom op's outputs may not share storage); this wrapper hands
+    back ``stats.unbind(0)`` (two views, no copy). Every tensor is read on the device, so a
+    captured graph follows in-place updates of the indices, lengths, sinks and KV rows.
+    """
+    if sm_scale is None:
+        raise TypeError("sm_scale is required (FlashMLA's flash_mla_sparse_fwd has no default), e.g. d_qk ** -0.5")
+    out, stats = torch.ops.gqadrv.flash_mla_sparse_fwd(q, kv, indices, float(sm_scale), int(d_v), attn_sink,
+                                                       topk_length, cu_seqlens_q, cu_seqlens_kv, backend)
+    max_logits, lse = stats.unbind(0)
+    return out, max_logits, lse
 
 
 # ----------------------------------------------------------------------------- FP8 KV quantizer

@@ -128,31 +128,58 @@ def validate_prefill(q: Any, kv: Any, indices: Any, sm_scale: Any, d_v: Any, att
                                  i3, tl, None, None, sink, d_qk=d, cu_q=cq, cu_kv=ck, max_logits=True)
 
 
+def _outputs(sp: _sparse.SparseProblem, out: Any, stats: Any, s: int, dl: int | None) -> tuple:
+    """(out ptr, stats ptr, new CuPy out or None, new CuPy stats or None): caller-given ``out`` bf16
+    [s_q, h_q, 512] and ``stats`` fp32 [2, s_q, h_q] (max_logits, lse: the kernel writes a row's max
+    logit at a fixed offset from its LSE, so both live in one buffer), contiguous; else new arrays."""
+    ins = (sp.q, sp.pool.view, sp.indices, sp.topk_length, sp.attn_sink, sp.cu_q, sp.cu_kv)
+    new_out = new_stats = None
+    if out is not None:
+        ov = _oc.view_without_grad(out, "out", dl)
+        _oc.require_output(ov, sp.q, ins, shape=(sp.rows, sp.h_q, _contract.D_V), align=16, dtype="bfloat16")
+        o_ptr = ov.ptr
+    if stats is not None:
+        sv = _oc.view_without_grad(stats, "stats", dl)
+        _oc.require_output(sv, sp.q, ins + ((ov,) if out is not None else ()), shape=(2, sp.rows, sp.h_q), align=4,
+                           dtype="float32", hint=" (max_logits, lse)")
+        st_ptr = sv.ptr
+    with on_stream(s, sp.device):
+        if out is None:
+            new_out = _tensors.empty((sp.rows, sp.h_q, _contract.D_V), "bfloat16", sp.device)
+            o_ptr = int(new_out.data.ptr)
+        if stats is None:
+            new_stats = _tensors.empty((2, sp.rows, sp.h_q), "float32", sp.device)
+            st_ptr = int(new_stats.data.ptr)
+    return o_ptr, st_ptr, new_out, new_stats
+
+
 def _prepare(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv, stream, backend,
-             who: str, capture_ok: bool, make_ws):
+             who: str, capture_ok: bool, make_ws, out=None, stats=None):
     from . import api as _api
 
-    tensors = (q, kv, indices, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv)
+    tensors = (q, kv, indices, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv, out, stats)
     s, dl = _api._streams(q, tensors, stream, who, capture_ok)
     sp = validate_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_kv,
                           stream=dl)
     n = sp.rows * sp.h_q
-    with on_stream(s, sp.device):
-        out = _tensors.empty((sp.rows, sp.h_q, _contract.D_V), "bfloat16", sp.device)
-        stats = _tensors.empty((2, sp.rows, sp.h_q), "float32", sp.device)   # [max_logits, lse]
-    o_ptr, st_ptr = int(out.data.ptr), int(stats.data.ptr)
+    o_ptr, st_ptr, new_out, new_stats = _outputs(sp, out, stats, s, dl)
     launch = _api.sparse_launch(sp, out_ptr=o_ptr, out_strides=(sp.h_q * _contract.D_V,) * 2 + (_contract.D_V,),
                                 lse_ptr=st_ptr + 4 * n, lse_rows_ptr=lambda ws: st_ptr + 4 * n, max_offset=-n,
                                 backend=backend, num_splits=None, meta=None, make_ws=make_ws(sp, s))
     with on_stream(s, sp.device):
-        outs = tuple(_tensors.export_like(a, q) for a in (out, stats[0], stats[1]))
-    return sp, s, launch, outs, (out, stats)
+        o = out if out is not None else _tensors.export_like(new_out, q)
+        if stats is not None:
+            st = (stats[0], stats[1])
+        else:
+            st = tuple(_tensors.export_like(a, q) for a in (new_stats[0], new_stats[1]))
+    return sp, s, launch, (o, *st), (new_out, new_stats)
 
 
 def flash_mla_sparse_fwd(q: ArrayT, kv: DLPackArray, indices: DLPackArray, sm_scale: float, d_v: int = 512,
                          attn_sink: DLPackArray | None = None, topk_length: DLPackArray | None = None, *,
                          cu_seqlens_q: DLPackArray | None = None, cu_seqlens_kv: DLPackArray | None = None,
-                         stream: StreamLike | None = None, backend: MlaBackend | None = None) -> tuple[Any, Any, Any]:
+                         out: Any = None, stats: Any = None, stream: StreamLike | None = None,
+                         backend: MlaBackend | None = None) -> tuple[Any, Any, Any]:
     """Sparse MLA prefill with FlashMLA's names and semantics (§1.3 of its spec).
 
     q bf16 [s_q, h_q, d_qk] (d_qk 576 or 512; any h_q in 1..128); kv bf16 [s_kv, 1, d_qk]; indices
@@ -164,11 +191,14 @@ def flash_mla_sparse_fwd(q: ArrayT, kv: DLPackArray, indices: DLPackArray, sm_sc
     [s_q, h_q])`` in q's framework, natural units (max of the scaled logits; natural-log LSE), both
     without the sink; a row without a valid index gives out 0, max_logits -inf, lse +inf.
     gqadrv additions: ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 [n + 1] (varlen batch: request i's
-    tokens index its own KV rows from 0), ``stream``, ``backend`` ('auto', 'seesaw', 'mma').
+    tokens index its own KV rows from 0), ``out`` (bf16 [s_q, h_q, 512]) and ``stats`` (fp32
+    [2, s_q, h_q]: max_logits, lse) to write into (contiguous; then max_logits / lse are returned as
+    ``stats[0]`` / ``stats[1]``), ``stream``, ``backend`` ('auto', 'seesaw', 'mma').
     Asynchronous on ``stream``; every device input is read on the device only."""
     sp, s, launch, outs, _ = _prepare(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q,
                                       cu_seqlens_kv, stream, backend, "flash_mla_sparse_fwd", True,
-                                      lambda sp, s: lambda sizes, zero: _workspace.pooled(sp.device, s, sizes, zero))
+                                      lambda sp, s: lambda sizes, zero: _workspace.pooled(sp.device, s, sizes, zero),
+                                      out, stats)
     launch.launch(sp, s)
     return outs
 

@@ -33,12 +33,11 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "gqadrv"
 NOT_OPS_EXACT = {"__version__", "check_status", "get_mla_metadata"}
 NOT_OPS_PREFIXES = ("prepare_", "launch_", "sm110_")
 NOT_OPS_SUFFIXES = ("_reference",)
-# Library parameters a wrapper does not take: outputs and the stream (the framework owns them) and
-# FlashMLA's sparse arguments (gqadrv raises FeatureError for them).
-NOT_FORWARDED = {"out", "lse", "out_lse", "out_scale", "stream", "indices", "attn_sink", "extra_k_cache",
-                 "extra_indices_in_kvcache", "topk_length", "extra_topk_length"}
+# Library parameters a wrapper does not take: outputs and the stream (the framework owns them). FlashMLA's
+# sparse arguments of flash_mla_with_kvcache are wrapped (tests/integrations/test_integrations_sparse_host.py).
+NOT_FORWARDED = {"out", "lse", "out_lse", "out_scale", "stats", "stream"}
 EXPECTED_OPS = {"gqa_decode", "gqa_decode_paged", "merge_state", "merge_states", "flash_mla_with_kvcache",
-                "quantize_kv_fp8", "quantize_k_cache", "dequantize_k_cache"}
+                "quantize_kv_fp8", "quantize_k_cache", "dequantize_k_cache", "flash_mla_sparse_fwd"}
 
 
 def public_ops() -> set[str]:
@@ -105,8 +104,10 @@ def test_torch_every_public_op_is_a_functional_custom_op():
         assert not schema.is_mutable and all(a.alias_info is None for a in schema.arguments), schema
         assert all(r.alias_info is None for r in schema.returns), schema
     mla = torch.ops.gqadrv.flash_mla_with_kvcache.default._schema
-    last = mla.arguments[-1]
-    assert last.name == "is_fp8_kvcache" and str(last.type) == "bool" and last.default_value is False
+    # is_fp8_kvcache stays the 10th argument (defaulted); only defaulted optional tensors (the sparse path) follow
+    fp8 = mla.arguments[9]
+    assert fp8.name == "is_fp8_kvcache" and str(fp8.type) == "bool" and fp8.default_value is False
+    assert all(str(a.type) == "Optional[Tensor]" and a.default_value is None for a in mla.arguments[10:]), mla
     assert len(torch.ops.gqadrv.quantize_kv_fp8.default._schema.returns) == 2
 
 
