@@ -168,8 +168,8 @@ def _prepare(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, cu_seqlens_q
                                 backend=backend, num_splits=None, meta=None, make_ws=make_ws(sp, s))
     with on_stream(s, sp.device):
         o = out if out is not None else _tensors.export_like(new_out, q)
-        if stats is not None:
-            st = (stats[0], stats[1])
+        if stats is not None:  # the caller's halves (None for buffers without indexing, e.g. a JAX FFI buffer)
+            st = (stats[0], stats[1]) if hasattr(stats, "__getitem__") else (None, None)
         else:
             st = tuple(_tensors.export_like(a, q) for a in (new_stats[0], new_stats[1]))
     return sp, s, launch, (o, *st), (new_out, new_stats)

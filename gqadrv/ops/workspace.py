@@ -4,9 +4,9 @@
 among convenience calls (launches on one stream are ordered, and the kernels leave their counters
 at zero). A pooled workspace that must grow is retired and kept for the life of the process, never
 freed: launches already enqueued may still use it, and so may a CUDA graph captured with it (torch,
-CuPy or cuda-python capture of a convenience call), which can be replayed at any later time. Growth
-doubles every buffer, so the retired workspaces of one (device, stream) together hold less memory
-than the current one.
+CuPy or cuda-python capture of a convenience call), which can be replayed at any later time. A buffer
+that grows at least doubles, so the retired copies of one buffer together hold less memory than its
+current one.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ _lock = threading.Lock()
 
 
 def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
-    """The (device, stream) workspace, grown (doubling) when ``sizes`` does not fit."""
+    """The (device, stream) workspace, its too-small buffers regrown (at least doubling) when ``sizes``
+    does not fit."""
     key = (device, stream)
     ws = _pool.get(key)
     if ws is not None and ws.fits(sizes):
@@ -73,11 +74,20 @@ def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace
         if ws is not None and ws.fits(sizes):
             return ws
         # the union of the old buffers and the requested ones (ops with different buffer names share
-        # the pool without evicting each other), requested ones doubled when they grow
-        grown = {k: (ws.sizes[k], ws.types[k]) for k in ws.sizes} if ws else {}
-        grown.update({k: (max(n, ws.sizes.get(k, 0) * 2) if ws else n, dt) for k, (n, dt) in sizes.items()})
-        new = alloc(device, stream, grown, zero)
+        # the pool without evicting each other); only a buffer that is too small is reallocated (at
+        # least doubling), the others are carried over as they are (same memory, counters still zero)
+        grow = {}
+        for k, (n, dt) in sizes.items():
+            have = ws.sizes.get(k, 0) if ws else 0
+            if have < n:
+                grow[k] = (max(n, 2 * have), dt)
+        new = alloc(device, stream, grow, tuple(k for k in zero if k in grow))
         if ws is not None:
+            for k in ws.sizes:
+                if k not in grow:
+                    new.arrays[k], new.ptrs[k], new.sizes[k], new.types[k] = (ws.arrays[k], ws.ptrs[k], ws.sizes[k],
+                                                                              ws.types[k])
+                    new.nbytes += ws.arrays[k].nbytes
             _retired.append(ws)
         _pool[key] = new
         return new
