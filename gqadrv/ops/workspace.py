@@ -34,7 +34,7 @@ class Workspace:
         return self.ptrs[name]
 
     def fits(self, sizes: dict) -> bool:
-        return all(self.sizes.get(k, 0) >= n for k, (n, _) in sizes.items())
+        return all(k in self.sizes and self.sizes[k] >= n for k, (n, _) in sizes.items())
 
 
 def alloc(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace:
@@ -78,9 +78,9 @@ def pooled(device: int, stream: int, sizes: dict, zero: tuple = ()) -> Workspace
         # least doubling), the others are carried over as they are (same memory, counters still zero)
         grow = {}
         for k, (n, dt) in sizes.items():
-            have = ws.sizes.get(k, 0) if ws else 0
-            if have < n:
-                grow[k] = (max(n, 2 * have), dt)
+            have = ws.sizes.get(k) if ws else None
+            if have is None or have < n:  # a new name (even of 0 elements: alloc gives it 1) or too small
+                grow[k] = (max(n, 2 * (have or 0)), dt)
         new = alloc(device, stream, grow, tuple(k for k in zero if k in grow))
         if ws is not None:
             for k in ws.sizes:

@@ -42,6 +42,9 @@ def test_pool_regrows_only_what_does_not_fit(monkeypatch):
     assert calls[-1] == ({"sp_lists": (100, "i32"), "counters": (8, "u32")}, ("counters",))
     assert c.ptrs["ws_o"] == a.ptrs["ws_o"] and c.sizes["sp_lists"] == 100 and c.sizes["ws_o"] == 1000
     assert workspace._retired == [a, b]
+    # a new name of 0 elements still gets a buffer (kernels take its address)
+    workspace.pooled(0, 7, {"sp_q": (0, "u32")}, ())
+    assert calls[-1] == ({"sp_q": (0, "u32")}, ()) and "sp_q" in workspace._pool[(0, 7)].ptrs
     # repeated calls with a large buffer that fits never double it
     for _ in range(5):
         workspace.pooled(0, 7, {"ws_o": (999, "f32"), "sp_lists": (61, "i32")}, ("counters",))
