@@ -68,16 +68,18 @@ def _bench_specs() -> list:
     (``--op gqa_paged``, ``gqa/bench_paged.py``), its FP8-e4m3 KV form (``--op gqa_fp8``,
     ``gqa/bench_fp8.py``), the 64-layer decode step in one CUDA graph (``--op gqa_step``,
     ``gqa/bench_step.py``), MLA decode on the 656-byte FP8 cache (``--op mla_fp8``,
-    ``mla/bench_fp8.py``) and sparse MLA decode against FlashMLA (``--op mla_sparse``,
-    ``mla/bench_sparse.py``)."""
+    ``mla/bench_fp8.py``), sparse MLA decode against FlashMLA (``--op mla_sparse``,
+    ``mla/bench_sparse.py``) and sparse MLA prefill against FlashMLA (``--op mla_sparse_prefill``,
+    ``mla/bench_sparse_prefill.py``)."""
     from .gqa.bench_fp8 import SPEC as gqa_fp8
     from .gqa.bench_paged import SPEC as gqa_paged
     from .gqa.bench_step import SPEC as gqa_step
     from .mla.bench_fp8 import SPEC as mla_fp8
     from .mla.bench_sparse import SPEC as mla_sparse
+    from .mla.bench_sparse_prefill import SPEC as mla_sparse_prefill
 
     return [op.bench_spec() for op in _ops() if op.bench_spec is not None] + [gqa_paged, gqa_fp8, gqa_step, mla_fp8,
-                                                                              mla_sparse]
+                                                                              mla_sparse, mla_sparse_prefill]
 
 
 def _print_json(obj) -> None:
