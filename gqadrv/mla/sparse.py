@@ -62,7 +62,7 @@ SIGNATURE = Signature(("args", SPARSE_ARGS))
 
 # ----------------------------------------------------------------------------- families and variants
 SOURCE = "mla/smxx/sparse_gather.cu"
-_ARCHES = ("sm_80", "sm_90a", "sm_100a", "sm_110a")
+_ARCHES = ("sm_90a", "sm_100a", "sm_110a")   # where the dense MLA kernels the lists feed run
 _FEATURES = frozenset({"sparse_indices", "attn_sink", "topk_length", "extra_pool"})
 GATHER = KernelFamily("mla_sparse_gather", SOURCE, "mla_sparse_gather", _ARCHES, SIGNATURE, _FEATURES)
 FINISH = KernelFamily("mla_sparse_finish", SOURCE, "mla_sparse_finish", _ARCHES, SIGNATURE, _FEATURES)
@@ -426,8 +426,10 @@ def launch_plans(problem: SparseProblem, fields: dict, stream: int) -> tuple[Lau
 
 
 def _check_cc(cc: tuple[int, int]) -> None:
-    if cc[0] < 8:
-        raise RuntimeError(f"the sparse MLA kernels need compute capability 8.0 or newer; this GPU has {cc[0]}.{cc[1]}")
+    """The sparse paths run where MLA decode runs (sm_90 / sm_100 / sm_110): routes' error otherwise."""
+    from .routes import backend_for_cc
+
+    backend_for_cc(cc)
 
 
 # ----------------------------------------------------------------------------- CLI record

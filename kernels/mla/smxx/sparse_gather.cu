@@ -1,6 +1,6 @@
 // gqadrv — DeepSeek sparse MLA decode (FlashMLA's flash_mla_with_kvcache with `indices`): the two
-// small kernels around the dense decode kernels. Built for sm_80 and newer ("smxx": sm_80, sm_90a,
-// sm_100a, sm_110a). One entry per module, chosen by MLA_SPARSE_OP: 0 = mla_sparse_gather,
+// small kernels around the dense decode kernels. Portable code ("smxx"), built where the MLA kernels
+// run: sm_90a, sm_100a, sm_110a. One entry per module, chosen by MLA_SPARSE_OP: 0 = mla_sparse_gather,
 // 1 = mla_sparse_finish; both take MlaSparseArgs. Host side: gqadrv/mla/sparse.py (SPARSE_ARGS
 // mirrors the struct below; tests/mla/test_sparse_plan_host.py compares names and offsets).
 //
