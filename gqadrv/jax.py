@@ -59,6 +59,7 @@ from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla import contract as _mla_contract
 from .mla import sparse_prefill as _sparse_prefill
+from .mla import trace_checks as _trace
 from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
 from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
@@ -70,6 +71,8 @@ __all__ = ["dequantize_k_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache
 
 _CACHE = 256  # compiled-callable cache entries per op (static options x shapes)
 
+
+_MLA_OP = "gqadrv.jax.flash_mla_with_kvcache"  # the prefix of the MLA trace-time errors (mla.trace_checks)
 
 def _static_float(name: str, v: Any) -> float | None:
     if v is None:
@@ -339,71 +342,16 @@ def _check_mla_fp8_cache(name: str, q: Any, k: Any) -> None:
                          f"{tuple(k.shape)} {k.dtype}")
 
 
-def _check_sparse_pool(name: str, q: Any, k: Any, is_fp8_kvcache: bool) -> None:
-    """A sparse-path KV pool: [num_blocks, page_size, 1, 656] FP8 bytes or [num_blocks, page_size, 1, 576]
-    of q's dtype."""
-    fp8_dtype = _dtype_str(k) in _FP8_CACHE_DTYPES
-    if not is_fp8_kvcache and fp8_dtype:
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} has dtype {k.dtype}: an FP8 cache needs "
-                        "is_fp8_kvcache=True")
-    row = _MLA_FP8_ROW_BYTES if is_fp8_kvcache else _MLA_D_QK
-    if jnp.ndim(k) != 4 or k.shape[2] != 1 or k.shape[3] != row:
-        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have shape [num_blocks, page_size, 1, "
-                         f"{row}] on the sparse path (h_kv = 1), got {tuple(k.shape)}")
-    if is_fp8_kvcache and not fp8_dtype:
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have dtype {' or '.join(_FP8_CACHE_DTYPES)} "
-                        f"with is_fp8_kvcache=True, got {k.dtype}")
-    if not is_fp8_kvcache and jnp.dtype(k.dtype) != jnp.dtype(q.dtype):
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have q's dtype {q.dtype}, got {k.dtype}")
-
-
-def _check_sparse_int(name: str, x: Any, shape: tuple, what: str) -> None:
-    if x is None:
-        return
-    if _dtype_str(x) != "int32":
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have dtype int32, got {x.dtype}")
-    if jnp.ndim(x) != len(shape) or any(want is not None and have != want for have, want in zip(x.shape, shape)):
-        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {name} must have shape {what}, got {tuple(x.shape)}")
+def _meta(x: Any) -> _trace.Meta | None:
+    return None if x is None else _trace.Meta(tuple(int(d) for d in x.shape), _dtype_str(x))
 
 
 def _check_mla_sparse(q: Any, k_cache: Any, head_dim_v: int, causal: bool, is_fp8_kvcache: bool,
                       sparse: dict) -> None:
-    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes; the library checks everything
-    again in the callback)."""
-    b, s_q, h_q, d = q.shape
-    if causal:
-        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: causal=True is not defined on the sparse path (indices "
-                         "name each query token's keys)")
-    if head_dim_v != _mla_contract.D_V:
-        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: head_dim_v must be {_mla_contract.D_V}, got {head_dim_v}")
-    if d != _MLA_D_QK:
-        raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: q must have shape [batch, s_q, h_q, {_MLA_D_QK}], got "
-                         f"{tuple(q.shape)}")
-    if _dtype_str(q) not in ("float16", "bfloat16"):
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache expects q float16 or bfloat16, got {q.dtype}")
-    if is_fp8_kvcache and jnp.dtype(q.dtype) != jnp.bfloat16:
-        raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
-    _check_sparse_pool("k_cache", q, k_cache, is_fp8_kvcache)
-    _check_sparse_int("indices", sparse["indices"], (b, s_q, None), f"[{b}, {s_q}, topk] (batch, s_q of q)")
-    _check_sparse_int("topk_length", sparse["topk_length"], (b,), f"({b},)")
-    extra, extra_idx = sparse["extra_k_cache"], sparse["extra_indices_in_kvcache"]
-    if (extra is None) != (extra_idx is None):
-        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: extra_k_cache and extra_indices_in_kvcache go together: "
-                         "give both or neither")
-    if extra is None and sparse["extra_topk_length"] is not None:
-        raise ValueError("gqadrv.jax.flash_mla_with_kvcache: extra_topk_length needs extra_k_cache and "
-                         "extra_indices_in_kvcache")
-    if extra is not None:
-        _check_sparse_pool("extra_k_cache", q, extra, is_fp8_kvcache)
-        _check_sparse_int("extra_indices_in_kvcache", extra_idx, (b, s_q, None), f"[{b}, {s_q}, extra_topk]")
-        _check_sparse_int("extra_topk_length", sparse["extra_topk_length"], (b,), f"({b},)")
-    sink = sparse["attn_sink"]
-    if sink is not None:
-        if _dtype_str(sink) != "float32":
-            raise TypeError(f"gqadrv.jax.flash_mla_with_kvcache: attn_sink must have dtype float32, got {sink.dtype}")
-        if jnp.ndim(sink) != 1 or sink.shape[0] != h_q:
-            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: attn_sink must have shape ({h_q},) (one value per "
-                             f"query head), got {tuple(sink.shape)}")
+    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes, mla.trace_checks; the library
+    checks everything again in the callback)."""
+    _trace.check_sparse_decode(_MLA_OP, _meta(q), _meta(k_cache), head_dim_v, causal, is_fp8_kvcache,
+                               {k: _meta(v) for k, v in sparse.items()})
 
 
 def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Array | None = None,
@@ -443,14 +391,8 @@ def flash_mla_with_kvcache(q: jax.Array, k_cache: jax.Array, block_table: jax.Ar
     statics = (tuple(q.shape), jnp.dtype(q.dtype), int(head_dim_v), num_splits,
                _static_float("softmax_scale", softmax_scale))
     if indices is None:
-        given = [k for k, v in sparse.items() if v is not None]
-        if given:
-            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: "
-                             "pass indices (int32 [b, s_q, topk]) with them, or leave them None for dense decode")
-        missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
-        if missing:
-            raise ValueError(f"gqadrv.jax.flash_mla_with_kvcache: dense MLA decode needs {' and '.join(missing)} "
-                             "(only the sparse path, with indices, goes without them)")
+        _trace.check_dense_arguments(_MLA_OP, block_table is not None, cache_seqlens is not None,
+                                     [k for k, v in sparse.items() if v is not None])
         if fp8:
             _check_mla_fp8_cache("k_cache", q, k_cache)
             k_cache = _as_fp8_bytes(k_cache)
@@ -506,43 +448,11 @@ def _sparse_fwd_callable(s_q: int, h_q: int, sm_scale: float, d_v: int, backend:
 
 
 def _check_sparse_fwd(q: Any, kv: Any, indices: Any, d_v: int, given: dict) -> tuple[int, int]:
-    """Trace-time form of gqadrv's sparse-prefill rules (shapes and dtypes; the library checks
-    everything again in the callback): (s_q, h_q)."""
-    op = "gqadrv.jax.flash_mla_sparse_fwd"
-    if d_v != _mla_contract.D_V:
-        raise ValueError(f"{op}: d_v must be {_mla_contract.D_V}, got {d_v}")
-    if jnp.ndim(q) != 3 or q.shape[2] not in _SPARSE_D_QKS:
-        raise ValueError(f"{op}: q must have shape [s_q, h_q, d_qk] with d_qk 576 or 512, got {tuple(q.shape)}")
-    if _dtype_str(q) != "bfloat16":
-        raise TypeError(f"{op}: q must have dtype bfloat16, got {q.dtype}")
-    s_q, h_q, d = (int(x) for x in q.shape)
-    if not 1 <= h_q <= _mla_contract.MAX_HEADS_Q:
-        raise ValueError(f"{op}: h_q must be in [1, {_mla_contract.MAX_HEADS_Q}], got {h_q}")
-    if jnp.ndim(kv) != 3 or kv.shape[1] != 1 or kv.shape[2] != d:
-        raise ValueError(f"{op}: kv must have shape [s_kv, 1, {d}] (q's d_qk; one KV head), got {tuple(kv.shape)}")
-    if _dtype_str(kv) != "bfloat16":
-        raise TypeError(f"{op}: kv must have dtype bfloat16, got {kv.dtype}")
-    if _dtype_str(indices) != "int32":
-        raise TypeError(f"{op}: indices must have dtype int32, got {indices.dtype}")
-    if jnp.ndim(indices) != 3 or indices.shape[0] != s_q or indices.shape[1] != 1:
-        raise ValueError(f"{op}: indices must have shape [{s_q}, 1, topk] (s_q of q, one KV head), got "
-                         f"{tuple(indices.shape)}")
-    wants = {"attn_sink": ("float32", (h_q,), f"({h_q},) (one value per query head)"),
-             "topk_length": ("int32", (s_q,), f"({s_q},) (one length per query token)"),
-             "cu_seqlens_q": ("int32", (None,), "[n + 1] (n requests)"),
-             "cu_seqlens_kv": ("int32", (None,), "[n + 1] (n requests)")}
-    for name, x in given.items():
-        dtype, shape, what = wants[name]
-        if _dtype_str(x) != dtype:
-            raise TypeError(f"{op}: {name} must have dtype {dtype}, got {x.dtype}")
-        if jnp.ndim(x) != len(shape) or any(w is not None and h != w for h, w in zip(x.shape, shape)):
-            raise ValueError(f"{op}: {name} must have shape {what}, got {tuple(x.shape)}")
-    if ("cu_seqlens_q" in given) != ("cu_seqlens_kv" in given):
-        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv go together: give both (varlen batch) or neither")
-    if "cu_seqlens_q" in given and given["cu_seqlens_q"].shape != given["cu_seqlens_kv"].shape:
-        raise ValueError(f"{op}: cu_seqlens_q {tuple(given['cu_seqlens_q'].shape)} and cu_seqlens_kv "
-                         f"{tuple(given['cu_seqlens_kv'].shape)} must have the same length (one entry per request + 1)")
-    return s_q, h_q
+    """Trace-time form of gqadrv's sparse-prefill rules (shapes and dtypes, mla.trace_checks; the library
+    checks everything again in the callback): (s_q, h_q)."""
+    return _trace.check_sparse_prefill("gqadrv.jax.flash_mla_sparse_fwd", _meta(q), _meta(kv), _meta(indices), None,
+                                       d_v, *(_meta(given.get(n)) for n in ("attn_sink", "topk_length", "cu_seqlens_q",
+                                                                             "cu_seqlens_kv")))
 
 
 def flash_mla_sparse_fwd(q: jax.Array, kv: jax.Array, indices: jax.Array, sm_scale: float, d_v: int = 512,

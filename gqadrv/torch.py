@@ -42,7 +42,6 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
     raise ImportError(f"gqadrv.torch needs PyTorch >= 2.4 (torch.library.custom_op); found torch {torch.__version__}: "
                       "pip install 'gqadrv[torch]'")
 
-import math
 import numbers
 from typing import Any
 
@@ -53,10 +52,10 @@ from .gqa.merge import merge_states as _merge_states
 from .gqa.paged import gqa_decode_paged as _gqa_decode_paged
 from .mla import contract as _mla_contract
 from .mla import sparse_prefill as _sparse_prefill
+from .mla import trace_checks as _trace
 from .mla.api import flash_mla_with_kvcache as _flash_mla
 from .mla.fp8_cache import dequantize_k_cache as _dequantize_k_cache
 from .mla.fp8_cache import quantize_k_cache as _quantize_k_cache
-from .ops import contract as _ops_contract
 
 __all__ = ["MLA_LSE_DTYPE", "NAMESPACE", "dequantize_k_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache",
            "gqa_decode", "gqa_decode_paged", "merge_state", "merge_states", "quantize_k_cache", "quantize_kv_fp8"]
@@ -95,6 +94,8 @@ _SPARSE_D_QKS = _sparse_prefill.D_QKS
 _K_CACHE_Q_SCHEMA = "(Tensor k_bf16) -> Tensor"
 _K_CACHE_DQ_SCHEMA = "(Tensor k_fp8) -> Tensor"
 
+
+_MLA_OP = "gqadrv::flash_mla_with_kvcache"  # the prefix of the MLA trace-time errors (mla.trace_checks)
 
 def _stream(t: torch.Tensor) -> int:
     """The raw handle of torch's current stream on ``t``'s device (the capturing stream under
@@ -347,84 +348,22 @@ def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach()
 
 
+def _meta(t: torch.Tensor | None) -> _trace.Meta | None:
+    return None if t is None else _trace.Meta(tuple(int(x) for x in t.shape), _dtype_name(t))
+
+
 def _check_mla_dense(block_table: torch.Tensor | None, cache_seqlens: torch.Tensor | None, sparse: dict) -> None:
-    """Trace-time form of gqadrv's dense-path rules: no sparse argument without ``indices``, and the
-    block table and lengths given."""
-    given = [k for k, v in sparse.items() if v is not None]
-    if given:
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: pass "
-                         "indices (int32 [b, s_q, topk]) with them, or leave them None for dense decode")
-    missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
-    if missing:
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: dense MLA decode needs {' and '.join(missing)} (only the "
-                         "sparse path, with indices, goes without them)")
-
-
-def _check_sparse_pool(name: str, q: torch.Tensor, k: torch.Tensor, is_fp8_kvcache: bool) -> None:
-    """A sparse-path KV pool: [num_blocks, page_size, 1, 656] FP8 bytes or [num_blocks, page_size, 1, 576]
-    of q's dtype."""
-    fp8_dtype = _dtype_name(k) in _FP8_CACHE_DTYPES
-    if not is_fp8_kvcache and fp8_dtype:
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} has dtype {k.dtype}: an FP8 cache needs "
-                        "is_fp8_kvcache=True")
-    row = _MLA_FP8_ROW_BYTES if is_fp8_kvcache else _MLA_D_QK
-    if k.dim() != 4 or k.shape[2] != 1 or k.shape[3] != row:
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {name} must have shape [num_blocks, page_size, 1, {row}] "
-                         f"on the sparse path (h_kv = 1), got {tuple(k.shape)}")
-    if is_fp8_kvcache and not fp8_dtype:
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have dtype {' or '.join(_FP8_CACHE_DTYPES)} "
-                        f"with is_fp8_kvcache=True, got {k.dtype}")
-    if not is_fp8_kvcache and k.dtype != q.dtype:
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have q's dtype {q.dtype}, got {k.dtype}")
-
-
-def _check_sparse_int(name: str, t: torch.Tensor | None, shape: tuple, what: str) -> None:
-    if t is None:
-        return
-    if t.dtype != torch.int32:
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache: {name} must have dtype int32, got {t.dtype}")
-    if t.dim() != len(shape) or any(want is not None and have != want for have, want in zip(t.shape, shape)):
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: {name} must have shape {what}, got {tuple(t.shape)}")
+    """Trace-time form of gqadrv's dense-path rules (mla.trace_checks)."""
+    _trace.check_dense_arguments(_MLA_OP, block_table is not None, cache_seqlens is not None,
+                                 [k for k, v in sparse.items() if v is not None])
 
 
 def _check_mla_sparse(q: torch.Tensor, k_cache: torch.Tensor, head_dim_v: int, causal: bool, is_fp8_kvcache: bool,
                       sparse: dict) -> None:
-    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes; the library checks everything
-    again at run time, strides and devices included)."""
-    b, s_q, h_q, d = q.shape
-    if causal:
-        raise ValueError("gqadrv::flash_mla_with_kvcache: causal=True is not defined on the sparse path (indices "
-                         "name each query token's keys)")
-    if head_dim_v != _mla_contract.D_V:
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: head_dim_v must be {_mla_contract.D_V}, got {head_dim_v}")
-    if d != _MLA_D_QK:
-        raise ValueError(f"gqadrv::flash_mla_with_kvcache: q must have shape [batch, s_q, h_q, {_MLA_D_QK}], got "
-                         f"{tuple(q.shape)}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache expects q float16 or bfloat16, got {q.dtype}")
-    if is_fp8_kvcache and q.dtype != torch.bfloat16:
-        raise TypeError(f"gqadrv::flash_mla_with_kvcache: is_fp8_kvcache=True needs a bfloat16 q, got {q.dtype}")
-    _check_sparse_pool("k_cache", q, k_cache, is_fp8_kvcache)
-    _check_sparse_int("indices", sparse["indices"], (b, s_q, None), f"[{b}, {s_q}, topk] (batch, s_q of q)")
-    _check_sparse_int("topk_length", sparse["topk_length"], (b,), f"({b},)")
-    extra, extra_idx = sparse["extra_k_cache"], sparse["extra_indices_in_kvcache"]
-    if (extra is None) != (extra_idx is None):
-        raise ValueError("gqadrv::flash_mla_with_kvcache: extra_k_cache and extra_indices_in_kvcache go together: "
-                         "give both or neither")
-    if extra is None and sparse["extra_topk_length"] is not None:
-        raise ValueError("gqadrv::flash_mla_with_kvcache: extra_topk_length needs extra_k_cache and "
-                         "extra_indices_in_kvcache")
-    if extra is not None:
-        _check_sparse_pool("extra_k_cache", q, extra, is_fp8_kvcache)
-        _check_sparse_int("extra_indices_in_kvcache", extra_idx, (b, s_q, None), f"[{b}, {s_q}, extra_topk]")
-        _check_sparse_int("extra_topk_length", sparse["extra_topk_length"], (b,), f"({b},)")
-    sink = sparse["attn_sink"]
-    if sink is not None:
-        if sink.dtype != torch.float32:
-            raise TypeError(f"gqadrv::flash_mla_with_kvcache: attn_sink must have dtype float32, got {sink.dtype}")
-        if sink.dim() != 1 or sink.shape[0] != h_q:
-            raise ValueError(f"gqadrv::flash_mla_with_kvcache: attn_sink must have shape ({h_q},) (one value per "
-                             f"query head), got {tuple(sink.shape)}")
+    """Trace-time form of gqadrv's sparse-path rules (shapes and dtypes, mla.trace_checks; the library
+    checks everything again at run time, strides and devices included)."""
+    _trace.check_sparse_decode(_MLA_OP, _meta(q), _meta(k_cache), head_dim_v, causal, is_fp8_kvcache,
+                               {k: _meta(v) for k, v in sparse.items()})
 
 
 def _mla_sparse_dict(indices: torch.Tensor | None, attn_sink: torch.Tensor | None,
@@ -540,52 +479,11 @@ def _sparse_fwd_into(q: Any, kv: Any, indices: Any, sm_scale: float, d_v: int, a
 def _check_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int,
                       attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None,
                       cu_seqlens_q: torch.Tensor | None, cu_seqlens_kv: torch.Tensor | None) -> tuple[Any, Any]:
-    """Trace-time form of gqadrv's sparse-prefill rules (shapes, dtypes, sm_scale, d_v; the library
-    checks everything again at run time, strides and devices included): (s_q, h_q)."""
-    op = "gqadrv::flash_mla_sparse_fwd"
-    if d_v != _mla_contract.D_V:
-        raise ValueError(f"{op}: d_v must be {_mla_contract.D_V}, got {d_v}")
-    _ops_contract.check_positive_scale("sm_scale", sm_scale, limit=_ops_contract.F32_MAX / math.log2(math.e))
-    if q.dim() != 3 or q.shape[2] not in _SPARSE_D_QKS:
-        raise ValueError(f"{op}: q must have shape [s_q, h_q, d_qk] with d_qk 576 or 512, got {tuple(q.shape)}")
-    if q.dtype != torch.bfloat16:
-        raise TypeError(f"{op}: q must have dtype bfloat16, got {q.dtype}")
-    s_q, h_q, d = q.shape
-    if not 1 <= h_q <= _mla_contract.MAX_HEADS_Q:
-        raise ValueError(f"{op}: h_q must be in [1, {_mla_contract.MAX_HEADS_Q}], got {h_q}")
-    if kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != d:
-        raise ValueError(f"{op}: kv must have shape [s_kv, 1, {d}] (q's d_qk; one KV head), got {tuple(kv.shape)}")
-    if kv.dtype != torch.bfloat16:
-        raise TypeError(f"{op}: kv must have dtype bfloat16, got {kv.dtype}")
-    if indices.dtype != torch.int32:
-        raise TypeError(f"{op}: indices must have dtype int32, got {indices.dtype}")
-    if indices.dim() != 3 or indices.shape[0] != s_q or indices.shape[1] != 1:
-        raise ValueError(f"{op}: indices must have shape [{s_q}, 1, topk] (s_q of q, one KV head), got "
-                         f"{tuple(indices.shape)}")
-    if attn_sink is not None:
-        if attn_sink.dtype != torch.float32:
-            raise TypeError(f"{op}: attn_sink must have dtype float32, got {attn_sink.dtype}")
-        if attn_sink.dim() != 1 or attn_sink.shape[0] != h_q:
-            raise ValueError(f"{op}: attn_sink must have shape ({h_q},) (one value per query head), got "
-                             f"{tuple(attn_sink.shape)}")
-    if topk_length is not None:
-        if topk_length.dtype != torch.int32:
-            raise TypeError(f"{op}: topk_length must have dtype int32, got {topk_length.dtype}")
-        if topk_length.dim() != 1 or topk_length.shape[0] != s_q:
-            raise ValueError(f"{op}: topk_length must have shape ({s_q},) (one length per query token), got "
-                             f"{tuple(topk_length.shape)}")
-    if (cu_seqlens_q is None) != (cu_seqlens_kv is None):
-        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv go together: give both (varlen batch) or neither")
-    if cu_seqlens_q is not None and cu_seqlens_kv is not None:
-        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv)):
-            if cu.dtype != torch.int32:
-                raise TypeError(f"{op}: {name} must have dtype int32, got {cu.dtype}")
-            if cu.dim() != 1:
-                raise ValueError(f"{op}: {name} must have shape [n + 1] (n requests), got {tuple(cu.shape)}")
-        if cu_seqlens_q.shape[0] != cu_seqlens_kv.shape[0]:
-            raise ValueError(f"{op}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_kv "
-                             f"{tuple(cu_seqlens_kv.shape)} must have the same length (one entry per request + 1)")
-    return s_q, h_q
+    """Trace-time form of gqadrv's sparse-prefill rules (shapes, dtypes, sm_scale, d_v; mla.trace_checks;
+    the library checks everything again at run time, strides and devices included): (s_q, h_q)."""
+    return _trace.check_sparse_prefill("gqadrv::flash_mla_sparse_fwd", _meta(q), _meta(kv), _meta(indices), sm_scale,
+                                       d_v, _meta(attn_sink), _meta(topk_length), _meta(cu_seqlens_q),
+                                       _meta(cu_seqlens_kv))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::flash_mla_sparse_fwd", mutates_args=(), device_types="cuda",
