@@ -35,8 +35,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..ops.bench import BenchSpec, Timer, log
+from ..ops.bench import BenchSpec, Timer
 from ..ops.bench import target_lines as _target_lines
+from .bench_peer import fmt, import_peers, tflops_over, time_over
 
 __all__ = ["ROWS", "SPEC", "format_table", "parse_row", "sparse_metrics", "target_lines"]
 
@@ -133,17 +134,6 @@ def _label(item) -> str:
 
 
 # ----------------------------------------------------------------------------- GPU parts
-def _import_peers(args) -> None:
-    for mod in ("torch", "flash_mla"):
-        if getattr(args, "no_peers", False) and mod != "torch":
-            continue
-        try:
-            __import__(mod)
-        except Exception as exc:  # noqa: BLE001
-            log(f"[bench] {mod} not available: {type(exc).__name__}: {str(exc)[:100]}"
-                + (" (CuPy graphs time the hot runs; no FlashMLA)" if mod == "torch" else ""))
-
-
 def _indices(cp, rs, b: int, s_q: int, topk: int, s_k: int, page: int, unique: bool):
     """int32 [b, s_q, topk] slots of random positions below s_k of each request (identity block table)."""
     if unique:
@@ -298,51 +288,21 @@ def _diff(cp, res: dict, outs: dict, a: str, b: str, key: str, heads: int | None
 
 
 # ----------------------------------------------------------------------------- table
-def _us(res: dict, name: str, key: str):
-    v = res.get(name, {})
-    return v.get(key) if "error" not in v else None
-
-
-def _over(num: str | tuple, den: str):
-    """ratio(res, key) = time of ``num`` (the fastest of a tuple) / time of ``den``; None if one is missing."""
-    names = (num,) if isinstance(num, str) else num
-
-    def ratio(res: dict, key: str):
-        ts = [t for t in (_us(res, n, key) for n in names) if t]
-        d = _us(res, den, key)
-        return min(ts) / d if ts and d else None
-
-    return ratio
-
-
-def _tflops_over(target: float):
-    def ratio(res: dict, key: str):
-        v = res.get("gqadrv", {})
-        t = v.get(key.replace("_us", "_TFLOPS")) if "error" not in v else None
-        return t / target if t else None
-
-    return ratio
-
-
 # (kind, name) -> (ratio(res, key), what the ratio is)
 RATIOS = {
-    ("fp8", "gqadrv"): (_over("flashmla", "gqadrv"), "ours / FlashMLA (speed)"),
-    ("h16", "gqadrv_pad64"): (_over("gqadrv_pad64", "gqadrv"), "padded / ours (time)"),
-    ("h16", "flashmla_pad64"): (_over("flashmla_pad64", "gqadrv"), "padded / ours (time)"),
-    ("bf16", "gqadrv_fp8"): (_over("gqadrv", "gqadrv_fp8"), "fp8 / bf16 KV (speed)"),
-    ("sink", "gqadrv"): (_over("gqadrv", "gqadrv_plain"), "time / plain"),
-    ("sink", "gqadrv_sink"): (_over("gqadrv_sink", "gqadrv_plain"), "time / plain"),
-    ("sink", "flashmla_sink"): (_over("flashmla_sink", "flashmla"), "time / FlashMLA plain"),
+    ("fp8", "gqadrv"): (time_over("flashmla", "gqadrv"), "ours / FlashMLA (speed)"),
+    ("h16", "gqadrv_pad64"): (time_over("gqadrv_pad64", "gqadrv"), "padded / ours (time)"),
+    ("h16", "flashmla_pad64"): (time_over("flashmla_pad64", "gqadrv"), "padded / ours (time)"),
+    ("bf16", "gqadrv_fp8"): (time_over("gqadrv", "gqadrv_fp8"), "fp8 / bf16 KV (speed)"),
+    ("sink", "gqadrv"): (time_over("gqadrv", "gqadrv_plain"), "time / plain"),
+    ("sink", "gqadrv_sink"): (time_over("gqadrv_sink", "gqadrv_plain"), "time / plain"),
+    ("sink", "flashmla_sink"): (time_over("flashmla_sink", "flashmla"), "time / FlashMLA plain"),
 }
-
-
-def _f(x, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, (int, float)) else "-"
 
 
 def format_table(meta: dict, rows: list) -> str:
     out = [(f"GPU {meta.get('gpu')} (cc {meta.get('cc')}, {meta.get('sms')} SMs), streaming-read ceiling "
-            f"{_f(meta.get('ceiling_TBps'), '.2f')} TB/s; sparse MLA decode (V3.2, d_qk 576, d_v 512), bf16 q, indices "
+            f"{fmt(meta.get('ceiling_TBps'), '.2f')} TB/s; sparse MLA decode (V3.2, d_qk 576, d_v 512), bf16 q, indices "
             f"into a paged cache (page {PAGE} unless named); hot = per call in a graph of {meta.get('graph_calls')} "
             "calls, cold = L2 flushed; TFLOPS = 2·h_q·b·s_q·topk·1088 (h16 rows: the row's h_q, the useful heads, for "
             "every variant), TB/s = q + distinct KV tokens + out"),
@@ -365,13 +325,13 @@ def format_table(meta: dict, rows: list) -> str:
             if (kind, name) in RATIOS:
                 fn, what = RATIOS[(kind, name)]
                 rh, rc = fn(res, "hot_us"), fn(res, "cold_us")
-            ratio = f"{_f(rh, '.2f')} / {_f(rc, '.2f')}" if rh is not None or rc is not None else "-"
+            ratio = f"{fmt(rh, '.2f')} / {fmt(rc, '.2f')}" if rh is not None or rc is not None else "-"
             diffs = [f"{k[len('max_diff_vs_'):]} {val:.2e}" for k, val in v.items()
                      if k.startswith("max_diff_vs_") and isinstance(val, float)]
             rt = f"{v['route']} / {v.get('num_splits')}" if v.get("route") is not None else "-"
-            out.append(f"| {r['shape']} | {label} | {_f(v.get('hot_us'), '.1f')} | {_f(v.get('hot_TFLOPS'), '.0f')} | "
-                       f"{_f(v.get('hot_TBps'), '.2f')} | {_f(v.get('cold_us'), '.1f')} | "
-                       f"{_f(v.get('cold_TFLOPS'), '.0f')} | {ratio} | {what if ratio != '-' else '-'} | "
+            out.append(f"| {r['shape']} | {label} | {fmt(v.get('hot_us'), '.1f')} | {fmt(v.get('hot_TFLOPS'), '.0f')} | "
+                       f"{fmt(v.get('hot_TBps'), '.2f')} | {fmt(v.get('cold_us'), '.1f')} | "
+                       f"{fmt(v.get('cold_TFLOPS'), '.0f')} | {ratio} | {what if ratio != '-' else '-'} | "
                        f"{'; '.join(diffs) or '-'} | {rt} |")
     vers = meta.get("versions") or {}
     vtxt = ", ".join(f"{k} {v}" for k, v in vers.items())
@@ -383,15 +343,15 @@ def format_table(meta: dict, rows: list) -> str:
 # (text, row applies, value(res, key), value is good); a row meets a target when hot and cold do
 TARGETS = (
     ("FP8 h_q 64 / 128: faster than FlashMLA (ours / FlashMLA speed >= 1)",
-     lambda r: r.get("kind") == "fp8" and r.get("h_q") in (64, 128), _over("flashmla", "gqadrv"), lambda x: x >= 1.0),
+     lambda r: r.get("kind") == "fp8" and r.get("h_q") in (64, 128), time_over("flashmla", "gqadrv"), lambda x: x >= 1.0),
     ("FP8 h_q 128 s_q 2 topk 2048: >= 430 TFLOPS (ours TFLOPS / 430 >= 1; FlashMLA anchor 388)",
      lambda r: r.get("kind") == "fp8" and (r.get("h_q"), r.get("s_q"), r.get("topk")) == (128, 2, 2048),
-     _tflops_over(430.0), lambda x: x >= 1.0),
+     tflops_over(430.0), lambda x: x >= 1.0),
     ("FP8 h_q 128 s_q 2 topk 16384: >= 480 TFLOPS (ours TFLOPS / 480 >= 1; FlashMLA anchor 434)",
      lambda r: r.get("kind") == "fp8" and (r.get("h_q"), r.get("s_q"), r.get("topk")) == (128, 2, 16384),
-     _tflops_over(480.0), lambda x: x >= 1.0),
+     tflops_over(480.0), lambda x: x >= 1.0),
     ("h_q 16: the faster padded-to-64-heads form (FlashMLA or gqadrv) / ours >= 3.5 (time)",
-     lambda r: r.get("kind") == "h16", _over(("flashmla_pad64", "gqadrv_pad64"), "gqadrv"), lambda x: x >= 3.5),
+     lambda r: r.get("kind") == "h16", time_over(("flashmla_pad64", "gqadrv_pad64"), "gqadrv"), lambda x: x >= 3.5),
 )
 
 
@@ -400,4 +360,4 @@ def target_lines(rows: list) -> list[str]:
 
 
 SPEC = BenchSpec(name="mla_sparse", add_arguments=_add_arguments, rows=_rows, run_row=_run_row,
-                 format_table=format_table, import_peers=_import_peers)
+                 format_table=format_table, import_peers=import_peers)

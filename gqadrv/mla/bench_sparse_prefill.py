@@ -35,8 +35,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..ops.bench import BenchSpec, Timer, log
+from ..ops.bench import BenchSpec, Timer
 from ..ops.bench import target_lines as _target_lines
+from .bench_peer import fmt, import_peers, tflops_over, time_over, us_of
 
 __all__ = ["ROWS", "SPEC", "format_table", "parse_row", "prefill_bytes", "prefill_flops", "prefill_metrics",
            "target_lines"]
@@ -152,17 +153,6 @@ def _label(item) -> str:
 
 
 # ----------------------------------------------------------------------------- GPU parts
-def _import_peers(args) -> None:
-    for mod in ("torch", "flash_mla"):
-        if getattr(args, "no_peers", False) and mod != "torch":
-            continue
-        try:
-            __import__(mod)
-        except Exception as exc:  # noqa: BLE001
-            log(f"[bench] {mod} not available: {type(exc).__name__}: {str(exc)[:100]}"
-                + (" (CuPy graphs time the hot runs; no FlashMLA)" if mod == "torch" else ""))
-
-
 def _indices(cp, rs, s_q: int, topk: int, s_kv: int):
     """int32 [s_q, 1, topk]: PERMS random permutations of [0, s_kv) cut to topk, repeated over the
     s_q query tokens (argsort of random keys, on the GPU)."""
@@ -312,38 +302,12 @@ def _diff(cp, res: dict, outs: dict, a: str, b: str, tag: str, heads: int | None
 
 
 # ----------------------------------------------------------------------------- table
-def _us(res: dict, name: str, key: str):
-    v = res.get(name, {})
-    return v.get(key) if "error" not in v else None
-
-
-def _over(num: str | tuple, den: str):
-    """ratio(res, key) = time of ``num`` (the fastest of a tuple) / time of ``den``; None if one is missing."""
-    names = (num,) if isinstance(num, str) else num
-
-    def ratio(res: dict, key: str):
-        ts = [t for t in (_us(res, n, key) for n in names) if t]
-        d = _us(res, den, key)
-        return min(ts) / d if ts and d else None
-
-    return ratio
-
-
 def _vs_flashmla(res: dict, key: str):
     """FlashMLA time / ours on a peer row: the row's pair (with its sink) when FlashMLA ran it, else the
     plain pair; None if neither pair is timed."""
-    if _us(res, "flashmla", key):
-        return _over("flashmla", "gqadrv")(res, key)
-    return _over("flashmla_plain", "gqadrv_plain")(res, key)
-
-
-def _tflops_over(target: float, name: str = "gqadrv"):
-    def ratio(res: dict, key: str):
-        v = res.get(name, {})
-        t = v.get(key.replace("_us", "_TFLOPS")) if "error" not in v else None
-        return t / target if t else None
-
-    return ratio
+    if us_of(res, "flashmla", key):
+        return time_over("flashmla", "gqadrv")(res, key)
+    return time_over("flashmla_plain", "gqadrv_plain")(res, key)
 
 
 def _row_key(r: dict) -> tuple:
@@ -352,20 +316,16 @@ def _row_key(r: dict) -> tuple:
 
 # (kind, name) -> (ratio(res, key), what the ratio is)
 RATIOS = {
-    ("peer", "gqadrv"): (_over("flashmla", "gqadrv"), "FlashMLA / ours (time)"),
-    ("peer", "gqadrv_plain"): (_over("flashmla_plain", "gqadrv_plain"), "FlashMLA plain / ours plain (time)"),
-    ("pad64", "gqadrv_pad64"): (_over("gqadrv_pad64", "gqadrv"), "padded / ours (time)"),
-    ("pad64", "flashmla_pad64"): (_over("flashmla_pad64", "gqadrv"), "padded / ours (time)"),
+    ("peer", "gqadrv"): (time_over("flashmla", "gqadrv"), "FlashMLA / ours (time)"),
+    ("peer", "gqadrv_plain"): (time_over("flashmla_plain", "gqadrv_plain"), "FlashMLA plain / ours plain (time)"),
+    ("pad64", "gqadrv_pad64"): (time_over("gqadrv_pad64", "gqadrv"), "padded / ours (time)"),
+    ("pad64", "flashmla_pad64"): (time_over("flashmla_pad64", "gqadrv"), "padded / ours (time)"),
 }
-
-
-def _f(x, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, (int, float)) else "-"
 
 
 def format_table(meta: dict, rows: list) -> str:
     out = [(f"GPU {meta.get('gpu')} (cc {meta.get('cc')}, {meta.get('sms')} SMs), streaming-read ceiling "
-            f"{_f(meta.get('ceiling_TBps'), '.2f')} TB/s; sparse MLA prefill (flash_mla_sparse_fwd, bf16 q and kv, "
+            f"{fmt(meta.get('ceiling_TBps'), '.2f')} TB/s; sparse MLA prefill (flash_mla_sparse_fwd, bf16 q and kv, "
             f"d_v {D_V}), indices {PERMS} permutations of [0, s_kv) cut to topk repeated over s_q; hot = per call in "
             f"a graph of {meta.get('graph_calls')} calls, cold = L2 flushed; TFLOPS = 2·s_q·topk·h_q·(d_qk + 512) "
             "(pad64 rows: the row's h_q, the useful heads, for every variant), TB/s = s_q·topk·d_qk·2 + "
@@ -390,17 +350,17 @@ def format_table(meta: dict, rows: list) -> str:
             if (kind, name) in RATIOS:
                 fn, what = RATIOS[(kind, name)]
                 rh, rc = fn(res, "hot_us"), fn(res, "cold_us")
-            ratio = f"{_f(rh, '.2f')} / {_f(rc, '.2f')}" if rh is not None or rc is not None else "-"
+            ratio = f"{fmt(rh, '.2f')} / {fmt(rc, '.2f')}" if rh is not None or rc is not None else "-"
             diffs = []
             for k, val in v.items():
                 if k.startswith("max_diff_vs_") and isinstance(val, float):
                     tag = k[len("max_diff_vs_"):]
                     lse = v.get(f"max_lse_diff_vs_{tag}")
-                    diffs.append(f"{tag} {val:.2e}; {_f(lse, '.2e')}")
+                    diffs.append(f"{tag} {val:.2e}; {fmt(lse, '.2e')}")
             rt = f"{v['route']} / {v.get('num_splits')}" if v.get("route") is not None else "-"
-            out.append(f"| {r['shape']} | {label} | {_f(v.get('hot_us'), '.1f')} | {_f(v.get('hot_TFLOPS'), '.0f')} | "
-                       f"{_f(v.get('hot_TBps'), '.2f')} | {_f(v.get('cold_us'), '.1f')} | "
-                       f"{_f(v.get('cold_TFLOPS'), '.0f')} | {ratio} | {what if ratio != '-' else '-'} | "
+            out.append(f"| {r['shape']} | {label} | {fmt(v.get('hot_us'), '.1f')} | {fmt(v.get('hot_TFLOPS'), '.0f')} | "
+                       f"{fmt(v.get('hot_TBps'), '.2f')} | {fmt(v.get('cold_us'), '.1f')} | "
+                       f"{fmt(v.get('cold_TFLOPS'), '.0f')} | {ratio} | {what if ratio != '-' else '-'} | "
                        f"{' / '.join(diffs) or '-'} | {rt} |")
     vers = meta.get("versions") or {}
     vtxt = ", ".join(f"{k} {v}" for k, v in vers.items())
@@ -415,7 +375,7 @@ def _anchor_target(s_kv: int, anchor: float) -> tuple:
     key = (S_Q, 128, 576, 2048, s_kv)
     text = (f"V3.2 s_kv {s_kv // 1024}K: above FlashMLA's ANCHORS.md {anchor:.0f} TFLOPS on this H200 (ours TFLOPS / "
             f"{anchor:.0f} >= 1; the anchor has no sink, ours is the row's)")
-    return (text, lambda r: r.get("kind") == "peer" and _row_key(r) == key, _tflops_over(anchor), lambda x: x >= 1.0)
+    return (text, lambda r: r.get("kind") == "peer" and _row_key(r) == key, tflops_over(anchor), lambda x: x >= 1.0)
 
 
 V32_660 = ((S_Q, 128, 576, 2048, 32768), (S_Q, 128, 576, 2048, 131072))
@@ -426,10 +386,10 @@ TARGETS = (
       "attn_sink)"), lambda r: r.get("kind") == "peer", _vs_flashmla, lambda x: x >= 1.0),
     (("V3.2 s_q 4096 h_q 128 topk 2048 s_kv 32K and 128K: >= 660 TFLOPS (ours TFLOPS / 660 >= 1; FlashMLA anchor "
       "587 / 573)"),
-     lambda r: r.get("kind") == "peer" and _row_key(r) in V32_660, _tflops_over(660.0), lambda x: x >= 1.0),
+     lambda r: r.get("kind") == "peer" and _row_key(r) in V32_660, tflops_over(660.0), lambda x: x >= 1.0),
     *(_anchor_target(s, a) for (_, _, _, _, s), a in ANCHORS.items()),
     (f"pad64 (h_q 16): the faster padded-to-{PAD_HEADS}-heads form (FlashMLA or gqadrv) / ours >= 3.5 (time)",
-     lambda r: r.get("kind") == "pad64", _over(("flashmla_pad64", "gqadrv_pad64"), "gqadrv"), lambda x: x >= 3.5),
+     lambda r: r.get("kind") == "pad64", time_over(("flashmla_pad64", "gqadrv_pad64"), "gqadrv"), lambda x: x >= 3.5),
 )
 
 
@@ -438,4 +398,4 @@ def target_lines(rows: list) -> list[str]:
 
 
 SPEC = BenchSpec(name="mla_sparse_prefill", add_arguments=_add_arguments, rows=_rows, run_row=_run_row,
-                 format_table=format_table, import_peers=_import_peers)
+                 format_table=format_table, import_peers=import_peers)
