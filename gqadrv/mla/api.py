@@ -34,6 +34,7 @@ from . import contract as _contract
 from . import kernel_spec as _ks
 from . import plan as _plan
 from . import sparse as _sparse
+from . import trace_checks as _trace
 
 __all__ = ["MlaSchedMeta", "PreparedMlaDecode", "flash_mla_with_kvcache", "get_mla_metadata", "prepare_mla_decode"]
 
@@ -67,18 +68,18 @@ def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[MlaSchedMeta, None]:
     return MlaSchedMeta(), None
 
 
-def _check_dense_only(sparse: dict) -> None:
-    given = [k for k, v in sparse.items() if v is not None]
-    if given:
-        raise ValueError(f"flash_mla_with_kvcache: {', '.join(given)} belong to the sparse MLA path: pass indices "
-                         "(int32 [b, s_q, topk]) with them, or leave them None for dense decode")
+def _sparse_args(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                 extra_topk_length) -> dict:
+    """FlashMLA's six sparse-path arguments by name."""
+    return {"indices": indices, "attn_sink": attn_sink, "extra_k_cache": extra_k_cache,
+            "extra_indices_in_kvcache": extra_indices_in_kvcache, "topk_length": topk_length,
+            "extra_topk_length": extra_topk_length}
 
 
-def _require_dense_tables(block_table, cache_seqlens) -> None:
-    missing = [n for n, v in (("block_table", block_table), ("cache_seqlens", cache_seqlens)) if v is None]
-    if missing:
-        raise ValueError(f"dense MLA decode needs {' and '.join(missing)} (only the sparse path, with indices, "
-                         "goes without them)")
+def _check_dense_call(who: str, block_table, cache_seqlens, sparse: dict) -> None:
+    """No sparse argument without indices; the block table and lengths given (mla.trace_checks' rule)."""
+    _trace.check_dense_arguments(who, block_table is not None, cache_seqlens is not None,
+                                 [k for k, v in sparse.items() if v is not None])
 
 
 def _dense_config(problem) -> tuple:
@@ -195,10 +196,15 @@ class SparseLaunch:
 
     def plans(self, sp, s: int) -> tuple:
         """The same launches as pre-packed LaunchPlans (prepared objects; PDL on)."""
-        gather, finish = _sparse.launch_plans(sp, self.fields, s)
+        args = ArgPack(_sparse.SIGNATURE).pack(self.fields)
+        gather = LaunchPlan(self.gather.kernel, *_sparse.gather_geometry(sp), args, stream=s, pdl=True)
         dense = tuple(LaunchPlan(self.dense.kernel, g, b, m, ArgPack(self.variant.family.signature).pack(*v),
                                  stream=s, pdl=True) for g, b, m, v in self.dense_parts)
-        return (gather, *dense) + ((finish,) if finish is not None else ())
+        if self.finish is None:
+            return (gather, *dense)
+        args = ArgPack(_sparse.SIGNATURE).pack(self.fields)   # its own argument buffer
+        finish = LaunchPlan(self.finish.kernel, *_sparse.finish_geometry(sp), args, stream=s, pdl=True)
+        return (gather, *dense, finish)
 
 
 def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_rows_ptr, max_offset: int | None,
@@ -221,8 +227,8 @@ def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_row
     for row0, n in chunks:
         dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"), q_packed, row0, n, max_offset)
         parts.append(_plan.launch_parts(dense, variant, out_strides=(row_stride, 0, out_strides[2]),
-                                        out_ptr=out_ptr + row0 * row_stride * item, lse_ptr=lse_rows + 4 * row0 * sp.h_q,
-                                        ws=ws, splits=splits))
+                                        out_ptr=out_ptr + row0 * row_stride * item,
+                                        lse_ptr=lse_rows + 4 * row0 * sp.h_q, ws=ws, splits=splits))
     fields = _sparse.args_fields(sp, ws, out_ptr, out_strides, lse_ptr, lse_rows)
     return SparseLaunch(gather, finish, variant, loaded, splits, ws, parts, fields)
 
@@ -249,7 +255,8 @@ def _sparse_call(q, k_cache, head_dim_v, meta, num_splits, softmax_scale, causal
 
 
 def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray | None = None,
-                           cache_seqlens: DLPackArray | None = None, head_dim_v: int = 512, tile_scheduler_metadata: MlaSchedMeta | None = None,
+                           cache_seqlens: DLPackArray | None = None, head_dim_v: int = 512,
+                           tile_scheduler_metadata: MlaSchedMeta | None = None,
                            num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
                            is_fp8_kvcache: bool = False, indices: DLPackArray | None = None,
                            attn_sink: DLPackArray | None = None, extra_k_cache: DLPackArray | None = None,
@@ -289,14 +296,11 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MlaSchedMeta):
         raise TypeError("tile_scheduler_metadata must be None or the object returned by gqadrv.get_mla_metadata, "
                         f"got {type(tile_scheduler_metadata).__name__}")
-    sparse = {"indices": indices, "attn_sink": attn_sink, "extra_k_cache": extra_k_cache,
-              "extra_indices_in_kvcache": extra_indices_in_kvcache, "topk_length": topk_length,
-              "extra_topk_length": extra_topk_length}
+    sparse = _sparse_args(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
     if indices is not None:
         return _sparse_call(q, k_cache, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale, causal,
                             is_fp8_kvcache, sparse, out, lse, stream, backend)
-    _check_dense_only(sparse)
-    _require_dense_tables(block_table, cache_seqlens)
+    _check_dense_call("flash_mla_with_kvcache", block_table, cache_seqlens, sparse)
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "flash_mla_with_kvcache", capture_ok=True, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
@@ -335,14 +339,11 @@ def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray
     With ``indices`` (the sparse path, see flash_mla_with_kvcache): three launches (gather, dense
     kernel, finish when s_q > 1 or attn_sink is given) that read indices, topk_length, attn_sink, q
     and the pools on the device at every launch."""
-    sparse = {"indices": indices, "attn_sink": attn_sink, "extra_k_cache": extra_k_cache,
-              "extra_indices_in_kvcache": extra_indices_in_kvcache, "topk_length": topk_length,
-              "extra_topk_length": extra_topk_length}
+    sparse = _sparse_args(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
     if indices is not None:
         return _prepare_sparse(q, k_cache, head_dim_v, out, lse, softmax_scale, causal, num_splits, stream, backend,
                                is_fp8_kvcache, sparse)
-    _check_dense_only(sparse)
-    _require_dense_tables(block_table, cache_seqlens)
+    _check_dense_call("prepare_mla_decode", block_table, cache_seqlens, sparse)
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "prepare_mla_decode", capture_ok=False, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)

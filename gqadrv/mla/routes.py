@@ -112,7 +112,7 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     elif FAMILIES[name].fp8:
         raise ValueError(f"MLA backend {name!r} reads the 656-byte FP8 cache: pass is_fp8_kvcache=True with it")
     elif nope:
-        base = name[:-5] if name.endswith("_nope") else name
+        base = name.removesuffix("_nope")
         if base + "_nope" not in FAMILIES:
             nope_names = sorted(n[:-5] for n, f in FAMILIES.items() if f.nope)
             raise ValueError(f"MLA backend {name!r} reads 576-channel rows; d_qk 512 is served by {nope_names} "

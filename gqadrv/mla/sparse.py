@@ -32,7 +32,7 @@ from ..ops import contract as _oc
 from ..ops.kernels import Loaded, load
 from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
-from ..runtime.module import ArgPack, LaunchPlan, NamedStruct, Signature
+from ..runtime.module import NamedStruct, Signature
 from ..runtime.tensors import TensorView, as_view
 from . import contract as _contract
 from . import kernel_spec as _ks
@@ -131,7 +131,6 @@ class SparseProblem:
     d_qk: int = 576                       # 512: q / K rows without RoPE channels (sparse prefill)
     cu_q: TensorView | None = None        # varlen prefill: cu_seqlens_q [n_req + 1]
     cu_kv: TensorView | None = None       # varlen prefill: cu_seqlens_kv [n_req + 1]
-    max_logits: bool = False              # the dense kernel also writes max_logits (sparse prefill)
 
     @property
     def n_req(self) -> int:
@@ -411,18 +410,6 @@ def finish_geometry(problem: SparseProblem) -> tuple[tuple, tuple, int]:
 def kernels(problem: SparseProblem) -> tuple[Loaded, Loaded | None]:
     _check_cc(_drv.device_info(problem.device).cc)
     return _loaded(GATHER, problem.device), (_loaded(FINISH, problem.device) if needs_finish(problem) else None)
-
-
-def launch_plans(problem: SparseProblem, fields: dict, stream: int) -> tuple[LaunchPlan, LaunchPlan | None]:
-    """The gather and (when needed) finish LaunchPlans of a prepared sparse decode (PDL on)."""
-    g, f = kernels(problem)
-    grid, block, smem = gather_geometry(problem)
-    gp = LaunchPlan(g.kernel, grid, block, smem, ArgPack(SIGNATURE).pack(fields), stream=stream, pdl=True)
-    fp = None
-    if f is not None:
-        grid, block, smem = finish_geometry(problem)
-        fp = LaunchPlan(f.kernel, grid, block, smem, ArgPack(SIGNATURE).pack(fields), stream=stream, pdl=True)
-    return gp, fp
 
 
 def _check_cc(cc: tuple[int, int]) -> None:

@@ -125,7 +125,7 @@ def validate_prefill(q: Any, kv: Any, indices: Any, sm_scale: Any, d_v: Any, att
     q4 = _view4(qv, "q", (s_q, 1, h_q, d), (qv.strides[0], qv.strides[0], qv.strides[1], 1))
     i3 = _view4(iv, "indices", (s_q, 1, iv.shape[2]), iv.strides)
     return _sparse.SparseProblem(s_q, 1, h_q, int(iv.shape[2]), 0, "bfloat16", qv.device, False, scale, q4, pool, None,
-                                 i3, tl, None, None, sink, d_qk=d, cu_q=cq, cu_kv=ck, max_logits=True)
+                                 i3, tl, None, None, sink, d_qk=d, cu_q=cq, cu_kv=ck)
 
 
 def _outputs(sp: _sparse.SparseProblem, out: Any, stats: Any, s: int, dl: int | None) -> tuple:
