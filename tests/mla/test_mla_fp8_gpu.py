@@ -17,6 +17,30 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("case", grid(), ids=lambda c: c.label)
 def test_fp8_oracle_grid(case):
+    _grid_case(case, case.backend)
+
+
+@pytest.mark.parametrize("case", [c for c in grid() if c.backend is None], ids=lambda c: c.label)
+@pytest.mark.parametrize("backend", ["block_fp8", "block_fp8_x2", "seesaw_fp8"])
+def test_fp8_oracle_grid_sm90_kernels(case, backend):
+    """The grid's default-route cases again with each sm_90 FP8 kernel forced (block_fp8_x2, the cluster
+    kernel, needs an even number of 64-row blocks: otherwise a ValueError before any launch)."""
+    if backend == "block_fp8_x2" and -(-case.s_q * (case.h_q // case.h_kv) // 64) % 2:
+        import cupy as cp
+
+        import gqadrv
+
+        rng = np.random.default_rng(1000 + case.idx)
+        q, k8, bt, ln, _ = fp8_case(rng, case.b, case.s_q, case.h_q, case.h_kv, case.page, case.lens(rng))
+        meta, _ = gqadrv.get_mla_metadata()
+        with pytest.raises(ValueError, match="clusters of 2 row blocks"):
+            gqadrv.flash_mla_with_kvcache(cp.asarray(q), padded_cache(k8, case.code_dtype), cp.asarray(bt),
+                                          cp.asarray(ln), 512, meta, is_fp8_kvcache=True, backend=backend)
+        return
+    _grid_case(case, backend)
+
+
+def _grid_case(case, backend):
     import cupy as cp
 
     import gqadrv
@@ -32,14 +56,14 @@ def test_fp8_oracle_grid(case):
     dbt = bw[:, : bt.shape[1]]
     meta, _ = gqadrv.get_mla_metadata()
     o, lse = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
-                                           causal=case.causal, is_fp8_kvcache=True, backend=case.backend)
+                                           causal=case.causal, is_fp8_kvcache=True, backend=backend)
     ro, rl = mla_decode_reference(q, kdq, bt, ln, 512, None, case.causal)
     assert o.shape == (case.b, case.s_q, case.h_q, 512) and o.dtype == q.dtype
     assert lse.shape == (case.b, case.h_q, case.s_q)
     assert TOL == 2e-2
-    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"fp8 grid {case.backend or 'auto'}")
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"fp8 grid {backend or 'auto'}")
     o2, lse2 = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
-                                             causal=case.causal, is_fp8_kvcache=True, backend=case.backend)
+                                             causal=case.causal, is_fp8_kvcache=True, backend=backend)
     assert cp.array_equal(o2, o) and cp.array_equal(lse2, lse)
 
 

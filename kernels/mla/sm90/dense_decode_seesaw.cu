@@ -74,8 +74,8 @@
 //           scales read as 0); then, once the group landed (cp.async.wait_group + __syncwarp: a row's
 //           two halves come from two lanes), it dequantizes in place: cb C0, C0 + 1 from raw bytes
 //           0..127, a producer-warpgroup named barrier (id 8, 128 threads: all raw units read), then
-//           cb C0 + 2, C0 + 3 from bytes 128..255; one plain arrival per thread and block on the full
-//           barriers (128), the RoPE block's after the group's wait. The consumers' fence.proxy.async
+//           cb C0 + 2, C0 + 3 from bytes 128..255; one arrival per producer warp and block (after
+//           __syncwarp) on the full barriers (count 4), the RoPE block's after the group's wait. The consumers' fence.proxy.async
 //           after their full waits covers these generic writes, as for cp.async data. Order per pair:
 //           issue K0 lo, issue K1 hi, convert K0 lo, issue K0 hi, convert K1 hi, issue K1 lo (after
 //           WG0 read K0 lo), convert K0 hi, convert K1 lo: no wait depends on a later conversion.
@@ -97,14 +97,13 @@
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
+#include "tile64_ops.cuh"
 #if MLA_FP8
 #include "../common/fp8_rows.cuh"
 #endif
 
 namespace mla {
 namespace seesaw {
-constexpr int DT = MLA_DT;
-constexpr u32 CB = 64u * 128u;            // one channel block of a 64-row tile (8 KB)
 constexpr u32 TILE = NCB * CB;            // 73728
 constexpr u32 OFF_Q = 0;
 constexpr u32 OFF_K0 = TILE;
@@ -166,11 +165,6 @@ GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u 
 // empty[slot][half]: half 0 = cb 0..3 (last reader WG0), half 1 = cb 4..8 (last reader WG1)
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot, int half) { return sb + OFF_BAR + 8u * (u32)(18 + 2 * slot + half); }
 GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * 22u; }
-// One arrival per warp on an empty barrier, after the warp's wgmma reads of the blocks retired.
-GQADRV_DEVICE void release(u32 bar, int lane) {
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bar);
-}
 
 // Source rows of tile `tile` a producer thread copies: tokens tile * 64 + 16 pw + 4 q + (lane >> 3),
 // q < 4 (pw = producer warp 0..3), already advanced to the lane's 16-byte unit (lane & 7);
@@ -205,14 +199,6 @@ GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4]
 GQADRV_DEVICE void setmaxnreg_dec_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS)); }
 GQADRV_DEVICE void setmaxnreg_inc_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS)); }
 
-// S (+)= Q[:, cb C] K[:, cb C]^T over the 4 k16 steps of one channel block (issue only).
-GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool first) {
-  const u64 dq = wgmma_desc_sw128(q_base + (u32)c * CB, 16, 1024);
-  const u64 dk = wgmma_desc_sw128(k_slot + (u32)c * CB, 16, 1024);
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    wgmma_m64n64k16_ss<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
-}
 
 // Wait for cb c of `slot` (parity ph), make it visible to the async proxy, issue its 4 QK steps and
 // commit them as one wgmma group.
@@ -224,102 +210,7 @@ GQADRV_DEVICE void qk_block_waited(float (&s)[32], u32 sb, int slot, int c, u32 
   wgmma_commit();
 }
 
-// O[64 x 256] += P V[tokens][cb0*64 .. cb0*64 + 255]: V read MN-major from the K slot (atoms of 8
-// tokens x 64 channels; LBO = 8 KB between channel blocks, SBO = 1 KB between 8-token groups; k-step
-// kk starts 16 tokens = 2 KB further). RS: P from registers (pa[4 kk .. 4 kk + 3]).
-GQADRV_DEVICE void pv_rs(float (&o)[128], const u32 (&pa)[16], u32 v_base) {
-  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_rs<DT, 1>(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv + (u64)(kk * 128), 1);
-}
-// SS: P from shared memory (K-major, one swizzled 64 x 64 block; k-step kk = +32 B).
-GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
-  const u64 dp = wgmma_desc_sw128(p_base, 16, 1024);
-  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
-}
 
-// Scale the logits of one tile (and mask keys >= the row limits when the tile reaches past lim_min),
-// return the two row maxima (quad-reduced) of this thread's rows.
-GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int lim_lo, int lim_hi, int lim_min,
-                                  float& mx_lo, float& mx_hi) {
-  mx_lo = MASKED;
-  mx_hi = MASKED;
-  if ((tile + 1) * 64 > lim_min) {
-    const int c0 = tile * 64 + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = c0 + 8 * j + e;
-        s[4 * j + e] = col < lim_lo ? s[4 * j + e] * sc : MASKED;
-        s[4 * j + 2 + e] = col < lim_hi ? s[4 * j + 2 + e] * sc : MASKED;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] *= sc;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
-    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-  }
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-}
-
-// s <- 2^(s - m) in place; returns this thread's partial row sums.
-GQADRV_DEVICE void exp_rows(float (&s)[32], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
-  sum_lo = 0.f;
-  sum_hi = 0.f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      s[4 * j + e] = fast_exp2(s[4 * j + e] - m_lo);
-      s[4 * j + 2 + e] = fast_exp2(s[4 * j + 2 + e] - m_hi);
-      sum_lo += s[4 * j + e];
-      sum_hi += s[4 * j + 2 + e];
-    }
-  }
-}
-
-// Pack P (fp32, C layout of m64n64) into the 16 A-fragment registers of the RS P V product,
-// multiplying row lo by f_lo and row hi by f_hi.
-GQADRV_DEVICE void pack_pa(u32 (&pa)[16], const float (&s)[32], float f_lo, float f_hi) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    pa[4 * kk + 0] = pack2<DT>(s[8 * kk + 0] * f_lo, s[8 * kk + 1] * f_lo);
-    pa[4 * kk + 1] = pack2<DT>(s[8 * kk + 2] * f_hi, s[8 * kk + 3] * f_hi);
-    pa[4 * kk + 2] = pack2<DT>(s[8 * kk + 4] * f_lo, s[8 * kk + 5] * f_lo);
-    pa[4 * kk + 3] = pack2<DT>(s[8 * kk + 6] * f_hi, s[8 * kk + 7] * f_hi);
-  }
-}
-// Store the packed P (same registers as pack_pa) to a swizzled 64 x 64 K-major block: row r, tokens
-// 16 kk + 2t (+1) = unit 2 kk, bytes 4t; tokens 16 kk + 8 + 2t = unit 2 kk + 1.
-GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo, int r_hi, int t) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    sts_u32(p_base + swz(r_lo, 2 * kk) + 4u * t, pa[4 * kk + 0]);
-    sts_u32(p_base + swz(r_hi, 2 * kk) + 4u * t, pa[4 * kk + 1]);
-    sts_u32(p_base + swz(r_lo, 2 * kk + 1) + 4u * t, pa[4 * kk + 2]);
-    sts_u32(p_base + swz(r_hi, 2 * kk + 1) + 4u * t, pa[4 * kk + 3]);
-  }
-}
-GQADRV_DEVICE void scale_o(float (&o)[128], float f_lo, float f_hi) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[4 * j] *= f_lo;
-    o[4 * j + 1] *= f_lo;
-    o[4 * j + 2] *= f_hi;
-    o[4 * j + 3] *= f_hi;
-  }
-}
 // Publish the new running maxima of rows r_lo / r_hi (sM) and their rescale factors (sSc) from lane
 // t == 0 of each quad, once every lane of the warp has read the old sM values.
 GQADRV_DEVICE void publish_max(float* sM, float* sSc, int r_lo, int r_hi, int t, float m_lo, float m_hi, float a_lo,
@@ -396,7 +287,7 @@ GQADRV_DEVICE void fp8_issue(const MlaDecodeArgs& a, u32 slot, const i32* bt_row
 // phase 2: raw bytes 128..255 (block C0 + 3) -> blocks C0 + 2, C0 + 3, written only after the producer
 // warpgroup's barrier (every thread has read its raw units of both phases by then). Thread x: row x >> 1,
 // raw units 4 (x & 1) .. + 3 of each phase = the 64 channels of output block C0 + (x & 1) (+ 2). Each
-// block completes on its full barrier with one arrival per thread. No fence.proxy.async here: it would
+// block completes on its full barrier with one arrival per producer warp. No fence.proxy.async here: it would
 // wait for this thread's copies of the other halves still in flight (measured: FP8 decode at half the
 // bf16 speed with it); the consumers fence after their full waits, as for the bf16 cp.async data.
 GQADRV_DEVICE void fp8_convert(u32 slot, u32 bar_slot0, int x, int c0, float s_a, float s_b) {
@@ -409,19 +300,14 @@ GQADRV_DEVICE void fp8_convert(u32 slot, u32 bar_slot0, int x, int c0, float s_a
   fp8::dequant_block_row(c, s_a, slot + (u32)(c0 + sub) * CB, r);
 #pragma unroll
   for (int j = 0; j < 4; ++j) c[j] = lds_u32x4(raw2 + swz(r, 4 * sub + j));
-  mbar_arrive(bar_slot0 + 8u * (u32)c0);
-  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 1));
+  release(bar_slot0 + 8u * (u32)c0, x & 31);
+  release(bar_slot0 + 8u * (u32)(c0 + 1), x & 31);
   named_bar_sync(BAR_FP8, 128);  // all raw reads of this half done: blocks C0 + 2, C0 + 3 may be overwritten
   fp8::dequant_block_row(c, s_b, slot + (u32)(c0 + 2 + sub) * CB, r);
-  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 2));
-  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 3));
+  release(bar_slot0 + 8u * (u32)(c0 + 2), x & 31);
+  release(bar_slot0 + 8u * (u32)(c0 + 3), x & 31);
 }
 #endif
-
-GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
 
 }  // namespace seesaw
 }  // namespace mla
@@ -457,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 1);  // full: one arrive.expect_tx (TMA)
 #else
 #pragma unroll 1
-    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 128);  // full: the producer's 128 threads
+    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, MLA_FP8 ? 4 : 128);  // full: the producer's 4 warps / 128 threads
 #endif
 #pragma unroll 1
     for (int i = 18; i < 22; ++i) mbar_init(sb + OFF_BAR + 8u * i, 4);  // empty: one arrival per consumer warp
@@ -559,12 +445,12 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         mbar_wait_wd(empty_bar(sb, 0, 1), pe);
         fp8_issue(a, sb + OFF_K0, bt_row, kvh, T0, tok_end, x, 4, true, s2a, s2b);
         cp_async_wait<1>();  // K1 cb 4..8 landed
-        mbar_arrive(full_bar(sb, 1, 8));  // RoPE of K1: in the group just completed
+        release(full_bar(sb, 1, 8), x & 31);  // RoPE of K1: in the group just completed (each lane waited its own)
         fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 4, s1a, s1b);
         mbar_wait_wd(empty_bar(sb, 1, 0), pe);
         fp8_issue(a, sb + OFF_K1, bt_row, kvh, T0 + 1, tok_end, x, 0, false, s3a, s3b);
         cp_async_wait<1>();  // K0 cb 4..8 landed
-        mbar_arrive(full_bar(sb, 0, 8));  // RoPE of K0
+        release(full_bar(sb, 0, 8), x & 31);  // RoPE of K0
         fp8_convert(sb + OFF_K0, full_bar(sb, 0, 0), x, 4, s2a, s2b);
         cp_async_wait<0>();  // K1 cb 0..3 landed
         fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 0, s3a, s3b);

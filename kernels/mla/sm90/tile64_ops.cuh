@@ -1,0 +1,138 @@
+// gqadrv — tile operations shared by the sm_90a MLA kernels that hold 64 query rows per CTA in two
+// consumer warpgroups splitting the 512 output columns (dense_decode_seesaw.cu, dense_decode_block_fp8.cu):
+// the Q K^T product of one 64-token tile (m64n64k16, SS), the P V products (m64n256k16, RS and SS),
+// the scaled / masked row maxima, exp2, packing P to bf16 / fp16 fragments or to a swizzled 64 x 64
+// shared-memory block, and O rescaling. Layouts: Q / K tiles are 9 channel blocks (cb) of 64 rows x
+// 128 B with the 128B swizzle (swz), CB = 8 KB apart; the thread's rows are r_lo = 16 wi + g and
+// r_hi = r_lo + 8 of the wgmma C layout (lane 4g + t).
+#pragma once
+#include "../../common/ptx.cuh"
+#include "../common/decode_util.cuh"
+#include "../common/sync.cuh"
+#include "../common/wgmma_ops.cuh"
+
+namespace mla {
+namespace seesaw {
+constexpr int DT = MLA_DT;
+constexpr u32 CB = 64u * 128u;            // one channel block of a 64-row tile (8 KB)
+
+// One arrival per warp on an empty barrier, after the warp's wgmma reads of the blocks retired.
+GQADRV_DEVICE void release(u32 bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+// S (+)= Q[:, cb C] K[:, cb C]^T over the 4 k16 steps of one channel block (issue only).
+GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool first) {
+  const u64 dq = wgmma_desc_sw128(q_base + (u32)c * CB, 16, 1024);
+  const u64 dk = wgmma_desc_sw128(k_slot + (u32)c * CB, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma_m64n64k16_ss<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
+}
+
+// O[64 x 256] += P V[tokens][cb0*64 .. cb0*64 + 255]: V read MN-major from the K slot (atoms of 8
+// tokens x 64 channels; LBO = 8 KB between channel blocks, SBO = 1 KB between 8-token groups; k-step
+// kk starts 16 tokens = 2 KB further). RS: P from registers (pa[4 kk .. 4 kk + 3]).
+GQADRV_DEVICE void pv_rs(float (&o)[128], const u32 (&pa)[16], u32 v_base) {
+  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_rs<DT, 1>(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv + (u64)(kk * 128), 1);
+}
+// SS: P from shared memory (K-major, one swizzled 64 x 64 block; k-step kk = +32 B).
+GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
+  const u64 dp = wgmma_desc_sw128(p_base, 16, 1024);
+  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
+}
+
+// Scale the logits of one tile (and mask keys >= the row limits when the tile reaches past lim_min),
+// return the two row maxima (quad-reduced) of this thread's rows.
+GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int lim_lo, int lim_hi, int lim_min,
+                                  float& mx_lo, float& mx_hi) {
+  mx_lo = MASKED;
+  mx_hi = MASKED;
+  if ((tile + 1) * 64 > lim_min) {
+    const int c0 = tile * 64 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = c0 + 8 * j + e;
+        s[4 * j + e] = col < lim_lo ? s[4 * j + e] * sc : MASKED;
+        s[4 * j + 2 + e] = col < lim_hi ? s[4 * j + 2 + e] * sc : MASKED;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] *= sc;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+}
+
+// s <- 2^(s - m) in place; returns this thread's partial row sums.
+GQADRV_DEVICE void exp_rows(float (&s)[32], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
+  sum_lo = 0.f;
+  sum_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[4 * j + e] = fast_exp2(s[4 * j + e] - m_lo);
+      s[4 * j + 2 + e] = fast_exp2(s[4 * j + 2 + e] - m_hi);
+      sum_lo += s[4 * j + e];
+      sum_hi += s[4 * j + 2 + e];
+    }
+  }
+}
+
+// Pack P (fp32, C layout of m64n64) into the 16 A-fragment registers of the RS P V product,
+// multiplying row lo by f_lo and row hi by f_hi.
+GQADRV_DEVICE void pack_pa(u32 (&pa)[16], const float (&s)[32], float f_lo, float f_hi) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[4 * kk + 0] = pack2<DT>(s[8 * kk + 0] * f_lo, s[8 * kk + 1] * f_lo);
+    pa[4 * kk + 1] = pack2<DT>(s[8 * kk + 2] * f_hi, s[8 * kk + 3] * f_hi);
+    pa[4 * kk + 2] = pack2<DT>(s[8 * kk + 4] * f_lo, s[8 * kk + 5] * f_lo);
+    pa[4 * kk + 3] = pack2<DT>(s[8 * kk + 6] * f_hi, s[8 * kk + 7] * f_hi);
+  }
+}
+// Store the packed P (same registers as pack_pa) to a swizzled 64 x 64 K-major block: row r, tokens
+// 16 kk + 2t (+1) = unit 2 kk, bytes 4t; tokens 16 kk + 8 + 2t = unit 2 kk + 1.
+GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo, int r_hi, int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    sts_u32(p_base + swz(r_lo, 2 * kk) + 4u * t, pa[4 * kk + 0]);
+    sts_u32(p_base + swz(r_hi, 2 * kk) + 4u * t, pa[4 * kk + 1]);
+    sts_u32(p_base + swz(r_lo, 2 * kk + 1) + 4u * t, pa[4 * kk + 2]);
+    sts_u32(p_base + swz(r_hi, 2 * kk + 1) + 4u * t, pa[4 * kk + 3]);
+  }
+}
+GQADRV_DEVICE void scale_o(float (&o)[128], float f_lo, float f_hi) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= f_lo;
+    o[4 * j + 1] *= f_lo;
+    o[4 * j + 2] *= f_hi;
+    o[4 * j + 3] *= f_hi;
+  }
+}
+
+GQADRV_DEVICE void reg_fence_u(u32 (&r)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+
+}  // namespace seesaw
+}  // namespace mla
