@@ -10,7 +10,7 @@ merge_state alone):
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
-and, on the 656-byte FP8 cache, seesaw_fp8, block_fp8, block_fp8_x2 and mma_fp8,
+and, on the 656-byte FP8 cache, seesaw_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
 routes). Exit code 0 when every result matches the oracle.
 """
@@ -161,8 +161,6 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
 
     for backend, splits, s_q, page in (("seesaw_fp8", 1, 1, 64), ("seesaw_fp8", 3, 2, 16), ("seesaw_fp8", 2, 1, 1),
-                                       ("block_fp8", 1, 1, 64), ("block_fp8", 3, 2, 16), ("block_fp8", 2, 1, 1),
-                                       ("block_fp8_x2", 1, 2, 64), ("block_fp8_x2", 3, 2, 16),
                                        ("mma_fp8", 1, 1, 64), ("mma_fp8", 3, 2, 32)):
         q, k, bt, ln = make_case(rng, 3, s_q, 64, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         k8 = quantize_k_cache_reference(k)
@@ -190,7 +188,6 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
     b, h_q, nb, page, topk, enb, epage, etopk = 3, 16, 9, 13, 70, 4, 5, 11
     bad_idx = np.array([-1, -(2**31), 2**31 - 1, nb * page, 2147480000, -123456], np.int32)
     for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
-                                      (True, "block_fp8", 1, 2), (True, "block_fp8", 3, 1),
                                       (False, "seesaw", 3, 2), (False, "mma", 1, 1)):
         k = (rng.standard_normal((nb, page, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
         ek = (rng.standard_normal((enb, epage, 1, 576)) / 4).astype(ml_dtypes.bfloat16)

@@ -146,7 +146,6 @@ class KernelVariant:
     tma_boxes: tuple = ()   # TMA variants: channel blocks per box of each CUtensorMap parameter (k_tensor_maps)
     fp8: bool = False       # reads FlashMLA's 656-byte FP8 cache (MLA_FP8=1; bf16 q only)
     nope: bool = False      # d_qk 512 (MLA_NOPE=1: q / K rows of 512, no RoPE channels; sparse prefill)
-    cluster_m: int = 1      # CTAs per compile-time cluster along the row blocks (the row-block count must divide)
 
     @property
     def tma(self) -> bool:
@@ -195,16 +194,6 @@ KERNELS = {
         (("MLA_FP8", 1),), ("sm_90a",), None,
         "the seesaw on the 656-byte FP8 cache: the producer warpgroup dequantizes half tiles through registers",
         fp8=True),
-    "block_fp8": KernelVariant(
-        "block_fp8", "mla/sm90/dense_decode_block_fp8.cu", "mla_dense_decode_block_fp8", 384, 64, SEESAW_SMEM_BYTES,
-        (("MLA_XOVER", 1),), ("sm_90a",), None,
-        "one 64-token tile at a time on the 656-byte FP8 cache: a register-fed dequantizing producer warpgroup, "
-        "a softmax + P V_L warpgroup and a P V_R warpgroup", fp8=True),
-    "block_fp8_x2": KernelVariant(
-        "block_fp8_x2", "mla/sm90/dense_decode_block_fp8.cu", "mla_dense_decode_block_fp8", 384, 64,
-        SEESAW_SMEM_BYTES, (("MLA_XOVER", 2),), ("sm_90a",), None,
-        "block_fp8 in clusters of two CTAs (the two row blocks of a KV head): each producer dequantizes half of "
-        "every tile into both CTAs (FlashMLA's crossover); an even number of 64-row blocks", fp8=True, cluster_m=2),
     "seesaw_nope": KernelVariant(
         "seesaw_nope", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
         (("MLA_NOPE", 1),), ("sm_90a",), None,

@@ -129,10 +129,6 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     arch = _ARCH[cc]
     if arch not in fam.arches:
         raise RuntimeError(f"MLA backend {name!r} is not built for {arch} (built for {', '.join(fam.arches)})")
-    cm = _ks.kernel(name).cluster_m
-    if cm > 1 and -(-m_rows // fam.block_m) % cm:
-        raise ValueError(f"MLA backend {name!r} runs clusters of {cm} row blocks of {fam.block_m} rows: the "
-                         f"{m_rows} query rows per KV head (s_q * h_q / h_kv) make {-(-m_rows // fam.block_m)} blocks")
     if fam.max_rows is not None and m_rows > fam.max_rows:
         raise ValueError(f"MLA backend {name!r} serves at most {fam.max_rows} query rows per KV head "
                          f"(s_q * h_q / h_kv), this problem has {m_rows}")

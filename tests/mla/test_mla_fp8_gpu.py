@@ -20,26 +20,6 @@ def test_fp8_oracle_grid(case):
     _grid_case(case, case.backend)
 
 
-@pytest.mark.parametrize("case", [c for c in grid() if c.backend is None], ids=lambda c: c.label)
-@pytest.mark.parametrize("backend", ["block_fp8", "block_fp8_x2", "seesaw_fp8"])
-def test_fp8_oracle_grid_sm90_kernels(case, backend):
-    """The grid's default-route cases again with each sm_90 FP8 kernel forced (block_fp8_x2, the cluster
-    kernel, needs an even number of 64-row blocks: otherwise a ValueError before any launch)."""
-    if backend == "block_fp8_x2" and -(-case.s_q * (case.h_q // case.h_kv) // 64) % 2:
-        import cupy as cp
-
-        import gqadrv
-
-        rng = np.random.default_rng(1000 + case.idx)
-        q, k8, bt, ln, _ = fp8_case(rng, case.b, case.s_q, case.h_q, case.h_kv, case.page, case.lens(rng))
-        meta, _ = gqadrv.get_mla_metadata()
-        with pytest.raises(ValueError, match="clusters of 2 row blocks"):
-            gqadrv.flash_mla_with_kvcache(cp.asarray(q), padded_cache(k8, case.code_dtype), cp.asarray(bt),
-                                          cp.asarray(ln), 512, meta, is_fp8_kvcache=True, backend=backend)
-        return
-    _grid_case(case, backend)
-
-
 def _grid_case(case, backend):
     import cupy as cp
 

@@ -114,34 +114,6 @@ GQADRV_DEVICE void dequant_block_row(const U32x4 (&c)[4], float s, u32 blk, int 
   }
 }
 
-// dequant_block_row with the stores left to the caller: st(u, o0, o1, o2, o3) writes the 16-byte bf16
-// unit u (0..7, channels 8u .. 8u + 7 of the block row); the fast / exact choice once for all 64 codes.
-template <class Store>
-GQADRV_DEVICE void dequant_block_row_with(const U32x4 (&c)[4], float s, Store st) {
-  u32 nan = 0u;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) nan |= nan_code_bits(c[j].x) | nan_code_bits(c[j].y) | nan_code_bits(c[j].z) | nan_code_bits(c[j].w);
-  u32 o[4];
-  if (nan == 0u && scale_has_fast_path(s)) {
-    const u32 s2 = bf16x2_of_pow2(s);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      e4m3x8_to_bf16_fast(c[j].x, c[j].y, s2, o);
-      st(2 * j, o[0], o[1], o[2], o[3]);
-      e4m3x8_to_bf16_fast(c[j].z, c[j].w, s2, o);
-      st(2 * j + 1, o[0], o[1], o[2], o[3]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      e4m3x8_to_bf16_exact(c[j].x, c[j].y, s, o);
-      st(2 * j, o[0], o[1], o[2], o[3]);
-      e4m3x8_to_bf16_exact(c[j].z, c[j].w, s, o);
-      st(2 * j + 1, o[0], o[1], o[2], o[3]);
-    }
-  }
-}
-
 GQADRV_DEVICE void ld_f32x2_nc(const u8* p, float& x, float& y) {
   asm volatile("ld.global.nc.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p));
 }

@@ -74,8 +74,8 @@
 //           scales read as 0); then, once the group landed (cp.async.wait_group + __syncwarp: a row's
 //           two halves come from two lanes), it dequantizes in place: cb C0, C0 + 1 from raw bytes
 //           0..127, a producer-warpgroup named barrier (id 8, 128 threads: all raw units read), then
-//           cb C0 + 2, C0 + 3 from bytes 128..255; one arrival per producer warp and block (after
-//           __syncwarp) on the full barriers (count 4), the RoPE block's after the group's wait. The consumers' fence.proxy.async
+//           cb C0 + 2, C0 + 3 from bytes 128..255; one plain arrival per thread and block on the full
+//           barriers (128), the RoPE block's after the group's wait. The consumers' fence.proxy.async
 //           after their full waits covers these generic writes, as for cp.async data. Order per pair:
 //           issue K0 lo, issue K1 hi, convert K0 lo, issue K0 hi, convert K1 hi, issue K1 lo (after
 //           WG0 read K0 lo), convert K0 hi, convert K1 lo: no wait depends on a later conversion.
@@ -287,7 +287,7 @@ GQADRV_DEVICE void fp8_issue(const MlaDecodeArgs& a, u32 slot, const i32* bt_row
 // phase 2: raw bytes 128..255 (block C0 + 3) -> blocks C0 + 2, C0 + 3, written only after the producer
 // warpgroup's barrier (every thread has read its raw units of both phases by then). Thread x: row x >> 1,
 // raw units 4 (x & 1) .. + 3 of each phase = the 64 channels of output block C0 + (x & 1) (+ 2). Each
-// block completes on its full barrier with one arrival per producer warp. No fence.proxy.async here: it would
+// block completes on its full barrier with one arrival per thread. No fence.proxy.async here: it would
 // wait for this thread's copies of the other halves still in flight (measured: FP8 decode at half the
 // bf16 speed with it); the consumers fence after their full waits, as for the bf16 cp.async data.
 GQADRV_DEVICE void fp8_convert(u32 slot, u32 bar_slot0, int x, int c0, float s_a, float s_b) {
@@ -300,12 +300,12 @@ GQADRV_DEVICE void fp8_convert(u32 slot, u32 bar_slot0, int x, int c0, float s_a
   fp8::dequant_block_row(c, s_a, slot + (u32)(c0 + sub) * CB, r);
 #pragma unroll
   for (int j = 0; j < 4; ++j) c[j] = lds_u32x4(raw2 + swz(r, 4 * sub + j));
-  release(bar_slot0 + 8u * (u32)c0, x & 31);
-  release(bar_slot0 + 8u * (u32)(c0 + 1), x & 31);
+  mbar_arrive(bar_slot0 + 8u * (u32)c0);
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 1));
   named_bar_sync(BAR_FP8, 128);  // all raw reads of this half done: blocks C0 + 2, C0 + 3 may be overwritten
   fp8::dequant_block_row(c, s_b, slot + (u32)(c0 + 2 + sub) * CB, r);
-  release(bar_slot0 + 8u * (u32)(c0 + 2), x & 31);
-  release(bar_slot0 + 8u * (u32)(c0 + 3), x & 31);
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 2));
+  mbar_arrive(bar_slot0 + 8u * (u32)(c0 + 3));
 }
 #endif
 
@@ -343,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 1);  // full: one arrive.expect_tx (TMA)
 #else
 #pragma unroll 1
-    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, MLA_FP8 ? 4 : 128);  // full: the producer's 4 warps / 128 threads
+    for (int i = 0; i < 18; ++i) mbar_init(sb + OFF_BAR + 8u * i, 128);  // full: the producer's 128 threads
 #endif
 #pragma unroll 1
     for (int i = 18; i < 22; ++i) mbar_init(sb + OFF_BAR + 8u * i, 4);  // empty: one arrival per consumer warp
@@ -445,12 +445,12 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         mbar_wait_wd(empty_bar(sb, 0, 1), pe);
         fp8_issue(a, sb + OFF_K0, bt_row, kvh, T0, tok_end, x, 4, true, s2a, s2b);
         cp_async_wait<1>();  // K1 cb 4..8 landed
-        release(full_bar(sb, 1, 8), x & 31);  // RoPE of K1: in the group just completed (each lane waited its own)
+        mbar_arrive(full_bar(sb, 1, 8));  // RoPE of K1: in the group just completed
         fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 4, s1a, s1b);
         mbar_wait_wd(empty_bar(sb, 1, 0), pe);
         fp8_issue(a, sb + OFF_K1, bt_row, kvh, T0 + 1, tok_end, x, 0, false, s3a, s3b);
         cp_async_wait<1>();  // K0 cb 4..8 landed
-        release(full_bar(sb, 0, 8), x & 31);  // RoPE of K0
+        mbar_arrive(full_bar(sb, 0, 8));  // RoPE of K0
         fp8_convert(sb + OFF_K0, full_bar(sb, 0, 0), x, 4, s2a, s2b);
         cp_async_wait<0>();  // K1 cb 0..3 landed
         fp8_convert(sb + OFF_K1, full_bar(sb, 1, 0), x, 0, s3a, s3b);

@@ -1,5 +1,5 @@
-// gqadrv — tile operations shared by the sm_90a MLA kernels that hold 64 query rows per CTA in two
-// consumer warpgroups splitting the 512 output columns (dense_decode_seesaw.cu, dense_decode_block_fp8.cu):
+// gqadrv — tile operations of the sm_90a MLA kernels that hold 64 query rows per CTA in two consumer
+// warpgroups splitting the 512 output columns (dense_decode_seesaw.cu, all its builds):
 // the Q K^T product of one 64-token tile (m64n64k16, SS), the P V products (m64n256k16, RS and SS),
 // the scaled / masked row maxima, exp2, packing P to bf16 / fp16 fragments or to a swizzled 64 x 64
 // shared-memory block, and O rescaling. Layouts: Q / K tiles are 9 channel blocks (cb) of 64 rows x
