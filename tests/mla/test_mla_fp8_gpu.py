@@ -59,9 +59,14 @@ def test_fp8_equals_bf16_kernel_on_dequantized_cache(fp8_backend, bf16_backend, 
 
     rng = np.random.default_rng(7)
     q, k8, bt, ln, _ = fp8_case(rng, 3, 2, 64, 1, 16, [1000, 37, 2049])
-    # both dequantization paths of the kernels: the fast one (power-of-two scales, the quantizer's) and
-    # the exact one (any other scale: every third page's scales times 1.37; a NaN code in request 2)
+    # both dequantization paths of the kernels: the fast one (power-of-two scales up to 2^7, the
+    # quantizer's 2^-8 / 2^-7 here; pages 1::7 times 2^14 reach 2^6 / 2^7, the top of that range) and the
+    # exact one (any other scale: every third page's scales times 1.37, pages 2::7 times 2^20, powers of
+    # two above 2^7; a NaN code in request 2). Unused rows hold NaN scales (0xFF poison).
     sc = k8[..., 512:528].copy().view("<f4")
+    assert float(np.nanmax(sc)) <= 2.0 ** -7
+    sc[1::7] *= np.float32(2.0 ** 14)
+    sc[2::7] *= np.float32(2.0 ** 20)
     sc[::3] *= np.float32(1.37)
     k8[..., 512:528] = sc.view(np.uint8)
     k8[bt[2, 5], 3, 0, 77] = 0x7F

@@ -38,11 +38,13 @@ GQADRV_DEVICE const u8* row_at(const MlaDecodeArgs& a, const i32* bt_row, int kv
 // Fast path (integer and bf16x2 FMA-pipe ops only; the cvt path below needs six conversion-pipe
 // instructions per two codes, which made that pipe the bottleneck of the FP8 decode): two codes (placed
 // by PRMT as bytes [0, c0, 0, c1]) become one bf16x2 holding code * 2^-120 exactly (sign -> bit 15, the
-// 7 exponent / mantissa bits -> bits 4..10; e4m3 subnormals become bf16 subnormals), then
-// mul.rn.bf16x2 by 2^120 (exact) and by bf16(s). For a power-of-two s (FlashMLA's scales) bf16(s) == s
-// and the one rounding of the product equals the reference's (float32 product exact, one rounding to
-// bf16) while |s| is in [2^-100, 2^100] or s == 0 (rows past the end). Any other scale, or a NaN code
-// (0x7F / 0xFF, which the bit placement would read as +-480) among the eight, takes the exact cvt path.
+// 7 exponent / mantissa bits -> bits 4..10; e4m3 subnormals become bf16 subnormals), then one
+// mul.rn.bf16x2 by bf16(s * 2^120). For a power-of-two s (FlashMLA's scales) with |s| in [2^-100, 2^7]
+// that factor is an exact bf16 normal and the product code * s (four significant bits, a normal number)
+// is exact, as the reference's is (float32 product exact, bf16 rounding exact); s == 0 (rows past the
+// end) multiplies by a signed zero, as the reference does. Any other scale (|s| > 2^7 included), or a
+// NaN code (0x7F / 0xFF, which the bit placement would read as +-480) among the eight, takes the exact
+// cvt path. (Until 2026-12-01: two multiplies, by 2^120 and by s, for |s| up to 2^100.)
 GQADRV_DEVICE void sts_u32x4(u32 addr, u32 a, u32 b, u32 c, u32 d) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
@@ -54,20 +56,22 @@ GQADRV_DEVICE u32 bf16x2_mul(u32 a, u32 b) {
 GQADRV_DEVICE u32 e4m3x2_placed_to_bf16x2_scaled(u32 p) { return (p & 0x80008000u) | ((p >> 4) & 0x07f007f0u); }
 GQADRV_DEVICE bool scale_has_fast_path(float s) {
   const u32 b = __float_as_uint(s) & 0x7fffffffu, e = b >> 23;
-  return b == 0u || ((b & 0x7fffffu) == 0u && e >= 27u && e <= 227u);
+  return b == 0u || ((b & 0x7fffffu) == 0u && e >= 27u && e <= 134u);
 }
 // NaN codes (0x7F / 0xFF) among the four codes of each word: nonzero if any.
 GQADRV_DEVICE u32 nan_code_bits(u32 w) { return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u; }
-// Fast path of eight codes (caller checked scale_has_fast_path(s) and no NaN code); s2 = bf16x2 (s, s).
+// Fast path of eight codes (caller checked scale_has_fast_path(s) and no NaN code); s2 = fast_scale(s).
 GQADRV_DEVICE void e4m3x8_to_bf16_fast(u32 w0, u32 w1, u32 s2, u32 (&o)[4]) {
-  const u32 k120 = 0x7b807b80u;  // bf16x2 (2^120, 2^120)
-  o[0] = bf16x2_mul(bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w0, 0u, 0x1404)), k120), s2);
-  o[1] = bf16x2_mul(bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w0, 0u, 0x3424)), k120), s2);
-  o[2] = bf16x2_mul(bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w1, 0u, 0x1404)), k120), s2);
-  o[3] = bf16x2_mul(bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w1, 0u, 0x3424)), k120), s2);
+  o[0] = bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w0, 0u, 0x1404)), s2);
+  o[1] = bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w0, 0u, 0x3424)), s2);
+  o[2] = bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w1, 0u, 0x1404)), s2);
+  o[3] = bf16x2_mul(e4m3x2_placed_to_bf16x2_scaled(__byte_perm(w1, 0u, 0x3424)), s2);
 }
-GQADRV_DEVICE u32 bf16x2_of_pow2(float s) {
-  const u32 sh = __float_as_uint(s) >> 16;
+// bf16x2 (s * 2^120, s * 2^120) of a fast-path scale (a power of two with |s| <= 2^7: exponent + 120
+// stays a normal bf16 exponent), or the signed zero of s == 0.
+GQADRV_DEVICE u32 fast_scale(float s) {
+  const u32 b = __float_as_uint(s);
+  const u32 sh = ((b & 0x7fffffffu) == 0u ? b : b + (120u << 23)) >> 16;
   return sh | (sh << 16);
 }
 // Exact path of eight codes (cvt to float32, float32 product, one rounding to bf16): any scale, NaN codes.
@@ -83,13 +87,13 @@ GQADRV_DEVICE void e4m3x8_to_bf16_exact(u32 w0, u32 w1, float s, u32 (&o)[4]) {
 // Eight codes (w0 bits 0..7 first) -> eight bf16 = bf16(float(code) * s) (o[0] = codes 0, 1).
 GQADRV_DEVICE void e4m3x8_dequant_bf16(u32 w0, u32 w1, float s, u32 (&o)[4]) {
   if ((nan_code_bits(w0) | nan_code_bits(w1)) == 0u && scale_has_fast_path(s)) {
-    e4m3x8_to_bf16_fast(w0, w1, bf16x2_of_pow2(s), o);
+    e4m3x8_to_bf16_fast(w0, w1, fast_scale(s), o);
   } else {
     e4m3x8_to_bf16_exact(w0, w1, s, o);
   }
 }
 
-// The 8 bf16 units of one 64-code block row (fast path: s2 = bf16x2 (s, s); exact path: s).
+// The 8 bf16 units of one 64-code block row (fast path: s2 = fast_scale(s); exact path: s).
 template <bool FAST>
 GQADRV_DEVICE void block_row_units(const U32x4 (&c)[4], float s, u32 s2, u32 blk, int r) {
 #pragma unroll
@@ -108,7 +112,7 @@ GQADRV_DEVICE void dequant_block_row(const U32x4 (&c)[4], float s, u32 blk, int 
 #pragma unroll
   for (int j = 0; j < 4; ++j) nan |= nan_code_bits(c[j].x) | nan_code_bits(c[j].y) | nan_code_bits(c[j].z) | nan_code_bits(c[j].w);
   if (nan == 0u && scale_has_fast_path(s)) {
-    block_row_units<true>(c, s, bf16x2_of_pow2(s), blk, r);
+    block_row_units<true>(c, s, fast_scale(s), blk, r);
   } else {
     block_row_units<false>(c, s, 0u, blk, r);
   }
