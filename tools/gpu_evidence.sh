@@ -16,7 +16,9 @@
 # layer, in one CUDA graph at B1 / B16 C4096, us per layer for gqadrv and FlashInfer; needs ~35 GB
 # of GPU memory at B16; first run 2026-12-01); mla_fp8_bench (`bench --op mla_fp8`: MLA decode on the
 # 656-byte FP8 cache against our bf16 cache); mla_fp8_ncu (Nsight Compute on the FP8 and the bf16 MLA
-# kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py).
+# kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py);
+# mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
+# by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
 set -u
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
@@ -68,6 +70,14 @@ for step in $STEPS; do
                    python3 benchmarks/ncu_mla_target.py 128,64,8192 2>&1 | grep -v "^==PROF==" | grep -E \
                    "mla_dense|Duration|Throughput|Busy|Eligible|Issued|Stall|stall|Location|Sampl|cycles|DRAM|L2"
                done > "$OUT/mla_fp8_ncu.txt" 2>&1 ;;
+  mla_fp8_src) NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+               if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/mla_fp8_src.txt"; continue; fi
+               for k in mla_dense_decode_seesaw_fp8 mla_dense_decode_seesaw_tma; do
+                 "$NCU" --clock-control none -k "regex:$k" --launch-skip 1 --launch-count 1 --import-source yes \
+                   --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
+                   python3 benchmarks/ncu_mla_target.py 128,64,4096 > "$OUT/src_$k.csv" 2>/dev/null
+                 echo "=== $k"; python3 tools/ncu_source_stalls.py "$OUT/src_$k.csv" --top 25
+               done > "$OUT/mla_fp8_src.txt" 2>&1 ;;
   integrations) python3 -m pytest -q -m gpu --timeout=300 -p no:cacheprovider -rf tests/integrations \
                   > "$OUT/integrations.txt" 2>&1 ;;
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
@@ -89,6 +99,6 @@ tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tai
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
-grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null
+grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null; head -60 "$OUT/mla_fp8_src.txt" 2>/dev/null
 cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
 tail -4 "$OUT/integrations.txt" 2>/dev/null
