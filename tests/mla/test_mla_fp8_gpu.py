@@ -17,10 +17,6 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("case", grid(), ids=lambda c: c.label)
 def test_fp8_oracle_grid(case):
-    _grid_case(case, case.backend)
-
-
-def _grid_case(case, backend):
     import cupy as cp
 
     import gqadrv
@@ -36,14 +32,14 @@ def _grid_case(case, backend):
     dbt = bw[:, : bt.shape[1]]
     meta, _ = gqadrv.get_mla_metadata()
     o, lse = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
-                                           causal=case.causal, is_fp8_kvcache=True, backend=backend)
+                                           causal=case.causal, is_fp8_kvcache=True, backend=case.backend)
     ro, rl = mla_decode_reference(q, kdq, bt, ln, 512, None, case.causal)
     assert o.shape == (case.b, case.s_q, case.h_q, 512) and o.dtype == q.dtype
     assert lse.shape == (case.b, case.h_q, case.s_q)
     assert TOL == 2e-2
-    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"fp8 grid {backend or 'auto'}")
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"fp8 grid {case.backend or 'auto'}")
     o2, lse2 = gqadrv.flash_mla_with_kvcache(dq, dk, dbt, cp.asarray(ln), 512, meta, num_splits=case.splits,
-                                             causal=case.causal, is_fp8_kvcache=True, backend=backend)
+                                             causal=case.causal, is_fp8_kvcache=True, backend=case.backend)
     assert cp.array_equal(o2, o) and cp.array_equal(lse2, lse)
 
 
