@@ -98,10 +98,13 @@ def launch_prepared(prepared: Prepared[R], stream: StreamLike | None = None) -> 
         raise TypeError(f"launch_prepared expects an object returned by a prepare_* function (e.g. "
                         f"gqadrv.prepare_gqa_decode), got {type(prepared).__name__}") from None
     h = None if stream is None else resolve_stream(stream, prepared.device)
-    if _drv.multi_device():
-        with _drv.device_scope(prepared.device):
+    if _drv.multi_device():  # the prepared device's context current (one cuCtxGetCurrent when it is)
+        prev = _drv.enter_device(prepared.device)
+        try:
             for p in plans:
                 p.launch(h)
+        finally:
+            _drv.leave_device(prev)
     else:
         for p in plans:
             p.launch(h)

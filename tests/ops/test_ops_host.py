@@ -132,6 +132,43 @@ def test_launch_prepared_rejects_other_objects():
         gqadrv.check_status(None)
 
 
+def test_launch_prepared_switches_context_only_in_multi_gpu_processes(monkeypatch):
+    """Several GPUs: the prepared device's context is made current around the launches (enter_device /
+    leave_device, the cheap per-launch form) and restored even when a launch raises; one GPU: no
+    context call at all. The stream argument reaches every plan."""
+    from gqadrv.ops import prepared as P
+    from gqadrv.runtime import driver as D
+
+    calls = []
+
+    class Plan:
+        def __init__(self, fail=False):
+            self.fail = fail
+
+        def launch(self, h=None):
+            calls.append(("launch", h))
+            if self.fail:
+                raise RuntimeError("launch failed")
+
+    def make(*plans):
+        return P.Prepared(device=1, _plans=plans, _out="out", _keep=(), _status=None, _status_names=())
+
+    monkeypatch.setattr(D, "enter_device", lambda dev: calls.append(("enter", dev)) or "prev-ctx")
+    monkeypatch.setattr(D, "leave_device", lambda prev: calls.append(("leave", prev)))
+    monkeypatch.setattr(D, "device_scope", lambda dev: pytest.fail("device_scope on the per-launch path"))
+    monkeypatch.setattr(D, "multi_device", lambda: True)
+    assert P.launch_prepared(make(Plan(), Plan()), 1234) == "out"
+    assert calls == [("enter", 1), ("launch", 1234), ("launch", 1234), ("leave", "prev-ctx")]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="launch failed"):
+        P.launch_prepared(make(Plan(fail=True), Plan()))
+    assert calls == [("enter", 1), ("launch", None), ("leave", "prev-ctx")]
+    calls.clear()
+    monkeypatch.setattr(D, "multi_device", lambda: False)
+    assert P.launch_prepared(make(Plan()), None) == "out"
+    assert calls == [("launch", None)]
+
+
 # ----------------------------------------------------------------------------- oracle helpers
 def test_masked_softmax_lse_and_empty_rows():
     s = np.array([[1.0, 2.0, 3.0], [5.0, np.nan, 1.0]])
