@@ -16,8 +16,8 @@ Medians of ``--reps`` repetitions, microseconds per call, one line per (shape, i
     python tools/mla_launch_modes.py [--shapes 16,4096 128,8192] [--calls 20] [--reps 10]
                                      [--inputs bench,perm] [--json out.json]
 
-Needs an sm_90 GPU, CuPy and torch (for the graph API and events). Written 2026-11-30 after the
-device time of that session was spent: it has not been run yet.
+Needs an sm_90 GPU, CuPy and torch (for the graph API and events). First run 2026-12-01 05:55 UTC
+(docs/RESULTS.md, "MLA decode, TMA seesaw": the 171-vs-150 us gap did not reproduce).
 """
 
 from __future__ import annotations
