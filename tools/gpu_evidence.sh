@@ -21,6 +21,7 @@
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
 set -u
+find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
 OUT=${OUT:-$PWD/evidence}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} GQADRV_CACHE_DIR=/tmp/gqc CUDA_CACHE_DISABLE=1 \
@@ -60,7 +61,7 @@ for step in $STEPS; do
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
-  mla_fp8_ncu) NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+  mla_fp8_ncu) NCU=$(find_ncu)
                if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/mla_fp8_ncu.txt"; continue; fi
                for k in mla_dense_decode_seesaw_fp8 mla_dense_decode_seesaw_tma; do
                  echo "=== $k"
@@ -70,7 +71,7 @@ for step in $STEPS; do
                    python3 benchmarks/ncu_mla_target.py 128,64,8192 2>&1 | grep -v "^==PROF==" | grep -E \
                    "mla_dense|Duration|Throughput|Busy|Eligible|Issued|Stall|stall|Location|Sampl|cycles|DRAM|L2"
                done > "$OUT/mla_fp8_ncu.txt" 2>&1 ;;
-  mla_fp8_src) NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+  mla_fp8_src) NCU=$(find_ncu)
                if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/mla_fp8_src.txt"; continue; fi
                for k in mla_dense_decode_seesaw_fp8 mla_dense_decode_seesaw_tma; do
                  "$NCU" --clock-control none -k "regex:$k" --launch-skip 1 --launch-count 1 --import-source yes \
@@ -83,7 +84,7 @@ for step in $STEPS; do
   trace) python3 tools/trace_decode.py "1,32768" "16,4096" "1,4096,[3968]" "1,1024,[1024]" > "$OUT/trace.txt" 2>&1 ;;
   tune)  python3 benchmarks/tune.py --configs base,portable --shapes "1,32768" "1,4096,[3968]" \
            --small-splits 8,16,31 --large-splits 8,12,16,24,33 --reps 10 > "$OUT/tune.txt" 2>&1 ;;
-  ncu)   NCU=$(command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1))
+  ncu)   NCU=$(find_ncu)
          if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/ncu.txt"; continue; fi
          for shape in ${NCU_SHAPES:-"1,4096,[3968]" "1,32768" "64,4096"}; do
            echo "=== $shape"

@@ -24,9 +24,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..runtime import driver as _drv
 from ..runtime import tensormap as _tm
-from ..runtime.module import LaunchPlan
+from ..runtime.module import LaunchPlan, launch_plans
 from .bounded import BoundedMap
 
 __all__ = ["LayoutCache", "LayoutEntry", "TmapSlot"]
@@ -128,16 +127,7 @@ class LayoutEntry:
     def launch(self) -> None:
         """Launch every plan on the entry's stream, with its device's context current in processes
         that see several GPUs. Call with ``lock`` held."""
-        if _drv.multi_device():
-            prev = _drv.enter_device(self.device)
-            try:
-                for p in self.plans:
-                    p.launch()
-            finally:
-                _drv.leave_device(prev)
-        else:
-            for p in self.plans:
-                p.launch()
+        launch_plans(self.plans, self.device)
 
 
 class LayoutCache:

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any, Generic, TypeVar
 
 from ..runtime import driver as _drv
-from ..runtime.module import LaunchPlan
+from ..runtime.module import LaunchPlan, launch_plans
 from ..runtime.streams import is_capturing, launch_streams, resolve_stream
 from ..types import StreamLike
 
@@ -97,17 +97,7 @@ def launch_prepared(prepared: Prepared[R], stream: StreamLike | None = None) -> 
     except AttributeError:
         raise TypeError(f"launch_prepared expects an object returned by a prepare_* function (e.g. "
                         f"gqadrv.prepare_gqa_decode), got {type(prepared).__name__}") from None
-    h = None if stream is None else resolve_stream(stream, prepared.device)
-    if _drv.multi_device():  # the prepared device's context current (one cuCtxGetCurrent when it is)
-        prev = _drv.enter_device(prepared.device)
-        try:
-            for p in plans:
-                p.launch(h)
-        finally:
-            _drv.leave_device(prev)
-    else:
-        for p in plans:
-            p.launch(h)
+    launch_plans(plans, prepared.device, None if stream is None else resolve_stream(stream, prepared.device))
     return prepared._out
 
 

@@ -324,3 +324,20 @@ class LaunchPlan:
                 cfg.hStream = self._stream
         if err:
             _drv.check((err,), f"cuLaunchKernelEx({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.smem})")
+
+
+def launch_plans(plans, device: int, stream: int | None = None) -> None:
+    """Launch ``plans`` in order (``LaunchPlan.launch(stream)``); in processes that see several GPUs
+    with ``device``'s primary context current (``driver.enter_device``: one cuCtxGetCurrent when it
+    already is), restored afterwards even when a launch raises. The per-launch form shared by
+    ``launch_prepared`` and the layout-keyed convenience plans."""
+    if _drv.multi_device():
+        prev = _drv.enter_device(device)
+        try:
+            for p in plans:
+                p.launch(stream)
+        finally:
+            _drv.leave_device(prev)
+    else:
+        for p in plans:
+            p.launch(stream)

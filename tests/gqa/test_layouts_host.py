@@ -13,6 +13,7 @@ import pytest
 from gqadrv.gqa import api
 from gqadrv.gqa.args import SIG_TMA
 from gqadrv.ops import layouts
+from gqadrv.runtime import driver as _drv
 from gqadrv.runtime import tensormap as tm
 from gqadrv.runtime import tensors as _tensors
 from gqadrv.runtime.module import ArgPack
@@ -121,7 +122,7 @@ NQ, NKV, NL, NO = 4096, 1 << 20, 8, 4096
 def _entry(encoder_fn, monkeypatch, out_slot=3):
     monkeypatch.setattr(tm, "_encode", encoder_fn)
     monkeypatch.setattr(tm, "_offset_state", [])
-    monkeypatch.setattr(layouts._drv, "multi_device", lambda: False)
+    monkeypatch.setattr(_drv, "multi_device", lambda: False)
     layouts._encoded.clear()
     spec = tm.TmaSpec(**{**SPEC.__dict__, "address": KV})
     enc = tm.encode_tiled(spec)
@@ -197,7 +198,7 @@ def fake_kind(monkeypatch):
     monkeypatch.setitem(_tensors.FAST_READERS, "fakefw", _read_fake)
     monkeypatch.setattr(api, "current_stream", lambda kind, dev: 1000 + dev)
     monkeypatch.setattr(api, "order_fast", lambda *a: None)
-    monkeypatch.setattr(layouts._drv, "multi_device", lambda: False)
+    monkeypatch.setattr(_drv, "multi_device", lambda: False)
     for k in api._routes.TUNING_ENV:
         monkeypatch.delenv(k, raising=False)
 

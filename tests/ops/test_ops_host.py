@@ -134,8 +134,8 @@ def test_launch_prepared_rejects_other_objects():
 
 def test_launch_prepared_switches_context_only_in_multi_gpu_processes(monkeypatch):
     """Several GPUs: the prepared device's context is made current around the launches (enter_device /
-    leave_device, the cheap per-launch form) and restored even when a launch raises; one GPU: no
-    context call at all. The stream argument reaches every plan."""
+    leave_device through runtime.module.launch_plans, the per-launch form the layout plans share) and
+    restored even when a launch raises; one GPU: no context call at all. The stream reaches every plan."""
     from gqadrv.ops import prepared as P
     from gqadrv.runtime import driver as D
 
