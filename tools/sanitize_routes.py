@@ -12,7 +12,7 @@ Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengt
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
 and, on the 656-byte FP8 cache, seesaw_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
-routes). Exit code 0 when every result matches the oracle.
+routes; seesaw_bal: the balanced persistent grid). Exit code 0 when every result matches the oracle.
 """
 
 import os
@@ -148,6 +148,7 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     for backend, splits, s_q, page in (("seesaw_tma", 1, 1, 64), ("seesaw_tma", 3, 2, 128), ("seesaw_tma", 2, 1, 256),
                                        ("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
                                        ("narrow16_tma", 3, 1, 64), ("narrow32_tma", 1, 2, 128),
+                                       ("seesaw_bal", None, 1, 64), ("seesaw_bal", 2, 2, 128),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,

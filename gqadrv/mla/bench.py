@@ -11,6 +11,7 @@ FlashInfer's ``BatchMLAPagedAttentionWrapper`` (backend fa3). FlashMLA's formula
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 from ..ops.bench import BenchSpec, Timer, best_peer_times, row_results, log, speedup_cell
@@ -21,8 +22,13 @@ ROWS = ([(128, 1, h, L, "uniform") for h in (128, 64, 16) for L in (4096, 8192, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mla-rows", nargs="*", default=None,
-                   help="MLA rows 'b,s_q,h_q,L[,varlen]' (default: the issue's table)")
+                   help="MLA rows 'b,s_q,h_q,L[,varlen|skew|spread]' (default: the issue's table)")
     p.add_argument("--mla-backend", default=None, help="gqadrv MLA backend: auto, wgmma, mma")
+    p.add_argument("--mla-also", nargs="*", default=[],
+                   help="more gqadrv MLA backends timed in the same rows (results 'gqadrv:NAME')")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every provider of a row this many times in turn and keep the median of the rounds "
+                        "(spreads clock and order effects evenly over the providers)")
 
 
 def _import_peers(args) -> None:
@@ -62,7 +68,17 @@ def _run_row(item, timer: Timer, args) -> dict:
 
     b, s_q, h_q, L, kind = item
     page = 64
-    lens = [L + 2 * i for i in range(b)] if kind == "varlen" else [L] * b
+    # varlen: L + 2i; skew: request 0 holds 16 L tokens, the others L (one long request in a batch);
+    # spread: a linear ramp from L / 4 to 7 L / 4 in a shuffled order (mean L)
+    if kind == "varlen":
+        lens = [L + 2 * i for i in range(b)]
+    elif kind == "skew":
+        lens = [16 * L] + [L] * (b - 1)
+    elif kind == "spread":
+        ramp = [L // 4 + (3 * L // 2) * i // max(1, b - 1) for i in range(b)]
+        lens = [ramp[(37 * i) % b] for i in range(b)] if b % 37 else ramp
+    else:
+        lens = [L] * b
     max_blocks = -(-max(lens) // page)
     nb = b * max_blocks
     rs = cp.random.RandomState(7)
@@ -78,24 +94,32 @@ def _run_row(item, timer: Timer, args) -> dict:
     res: dict = {}
     torch = sys.modules.get("torch")
     use_torch = torch is not None
-    try:
-        out = cp.empty((b, s_q, h_q, 512), q.dtype)
-        lse = cp.empty((b, h_q, s_q), cp.float32)
-        p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=args.mla_backend,
-                                      stream=torch.cuda.current_stream() if use_torch else None)
-        fn = lambda: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch else None)  # noqa: E731
-        hot, cold = timer.hot(fn, use_torch), timer.cold(fn)
-        res["gqadrv"] = {"hot_us": hot, "cold_us": cold, "route": p.route, "num_splits": p.num_splits}
-    except Exception as exc:  # noqa: BLE001
-        res["gqadrv"] = {"error": repr(exc)[:300]}
+    calls: dict = {}  # provider -> (callable, uses a torch graph)
+
+    def ours(name, backend):
+        try:
+            out = cp.empty((b, s_q, h_q, 512), q.dtype)
+            lse = cp.empty((b, h_q, s_q), cp.float32)
+            p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=backend,
+                                          stream=torch.cuda.current_stream() if use_torch else None)
+            calls[name] = (lambda: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch else None),
+                           use_torch)
+            res[name] = {"route": p.route, "num_splits": p.num_splits}
+        except Exception as exc:  # noqa: BLE001
+            res[name] = {"error": repr(exc)[:300]}
+
+    ours("gqadrv", args.mla_backend)
+    for extra in getattr(args, "mla_also", None) or []:
+        ours(f"gqadrv:{extra}", extra)
     if use_torch and not getattr(args, "no_peers", False):
         tq, tk, tbt, tsl = (torch.from_dlpack(x) for x in (q, k, bt, sl))
         fm = sys.modules.get("flash_mla")
         if fm is not None:
             try:
                 meta, _ = fm.get_mla_metadata()
-                f = lambda: fm.flash_mla_with_kvcache(tq, tk, tbt, tsl, 512, meta, None, causal=causal)  # noqa: E731
-                res["flashmla"] = {"hot_us": timer.hot(f, True), "cold_us": timer.cold(f)}
+                calls["flashmla"] = (lambda: fm.flash_mla_with_kvcache(tq, tk, tbt, tsl, 512, meta, None,
+                                                                      causal=causal), True)
+                res["flashmla"] = {}
             except Exception as exc:  # noqa: BLE001
                 res["flashmla"] = {"error": repr(exc)[:300]}
         fi = sys.modules.get("flashinfer")
@@ -113,15 +137,29 @@ def _run_row(item, timer: Timer, args) -> dict:
                        q_data_type=tq.dtype, kv_data_type=tq.dtype)
                 qn, qp = tq[:, 0, :, :512].contiguous(), tq[:, 0, :, 512:].contiguous()
                 ckv, kpe = tk[:, :, 0, :512].contiguous(), tk[:, :, 0, 512:].contiguous()
-                f = lambda: w.run(query=(qn, qp), kv_cache=(ckv, kpe))  # noqa: E731
-                res["flashinfer"] = {"hot_us": timer.hot(f, True), "cold_us": timer.cold(f)}
+                calls["flashinfer"] = (lambda: w.run(query=(qn, qp), kv_cache=(ckv, kpe)), True)
+                res["flashinfer"] = {}
             except Exception as exc:  # noqa: BLE001
                 res["flashinfer"] = {"error": repr(exc)[:300]}
+    rounds = max(1, int(getattr(args, "rounds", 1) or 1))
+    times: dict = {name: ([], []) for name in calls}
+    for _ in range(rounds):  # every provider once per round, in the same order
+        for name, (fn, graph_torch) in calls.items():
+            try:
+                times[name][0].append(timer.hot(fn, graph_torch))
+                times[name][1].append(timer.cold(fn))
+            except Exception as exc:  # noqa: BLE001
+                res[name] = {"error": repr(exc)[:300]}
+    for name, (hot, cold) in times.items():
+        if "error" not in res[name] and hot:
+            res[name].update({"hot_us": statistics.median(hot), "cold_us": statistics.median(cold)})
+            if rounds > 1:
+                res[name].update({"hot_rounds_us": hot, "cold_rounds_us": cold})
     for v in res.values():
         if "hot_us" in v:
             v["hot_TFLOPS"], v["hot_TBps"] = _metrics(h_q, s_q, lens, b, v["hot_us"])
             v["cold_TFLOPS"], v["cold_TBps"] = _metrics(h_q, s_q, lens, b, v["cold_us"])
-    label = f"b{b} s_q{s_q} h_q{h_q} L{L}{' varlen' if kind == 'varlen' else ''}"
+    label = f"b{b} s_q{s_q} h_q{h_q} L{L}{'' if kind == 'uniform' else ' ' + kind}"
     return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "results": res}
 
 
@@ -142,9 +180,12 @@ def format_table(meta: dict, rows: list) -> str:
 
         best_hot, best_cold = best_peer_times(res)
         xh, xc = speedup_cell(best_hot, g["hot_us"]), speedup_cell(best_cold, g["cold_us"])
+        extra = "".join(f" {k.split(':', 1)[1]}: {v['hot_us']:.1f} / {v['cold_us']:.1f} us "
+                        f"(x best peer {speedup_cell(best_hot, v['hot_us'])} / {speedup_cell(best_cold, v['cold_us'])});"
+                        for k, v in res.items() if k.startswith("gqadrv:") and "hot_us" in v)
         out.append(f"| {r['shape']} | {g['hot_us']:.1f} | {g['hot_TFLOPS']:.0f} | {g['hot_TBps']:.2f} | "
                    f"{g['cold_us']:.1f} | {peer('flashmla')} | {peer('flashinfer')} | {xh} | {xc} | "
-                   f"{g['route']} / {g['num_splits']} |")
+                   f"{g['route']} / {g['num_splits']} |{extra}")
     return "\n".join(out)
 
 

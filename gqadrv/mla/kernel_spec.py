@@ -111,9 +111,10 @@ _SMEM_USED = 3 * _TILE_BYTES + BLOCK_M * BLOCK_N * 2 + 512 + 512 + 16
 SMEM_BYTES = _SMEM_USED + 1024  # 231440 (the H100/H200 opt-in limit is 232448)
 
 # Seesaw map (dense_decode_seesaw.cu): Q + K0 + K1 (72 KB each; sP0 aliases K0's RoPE block), sP1
-# 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 23 mbarriers (192 B), ticket 16 B.
-_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 192 + 16
-SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 231888
+# 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 24 mbarriers (192 B), ticket 16 B, the
+# balanced schedule's scan / start (80 B) and won merges (48 B).
+_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 192 + 16 + 80 + 48
+SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 232016
 
 
 def _narrow_used(nq: int, nslot: int) -> int:
@@ -146,6 +147,7 @@ class KernelVariant:
     tma_boxes: tuple = ()   # TMA variants: channel blocks per box of each CUtensorMap parameter (k_tensor_maps)
     fp8: bool = False       # reads FlashMLA's 656-byte FP8 cache (MLA_FP8=1; bf16 q only)
     nope: bool = False      # d_qk 512 (MLA_NOPE=1: q / K rows of 512, no RoPE channels; sparse prefill)
+    balanced: bool = False  # persistent balanced grid (MLA_BALANCED=1): num_splits = CTAs per (KV head, row block)
 
     @property
     def tma(self) -> bool:
@@ -171,6 +173,11 @@ KERNELS = {
         (("MLA_TMA_K", 1),), ("sm_90a",), None,
         "the seesaw schedule with K half tiles by TMA from one producer thread; pages of 64..256 tokens",
         tma_boxes=(4, 5)),
+    "seesaw_bal": KernelVariant(
+        "seesaw_bal", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_tma", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_TMA_K", 1), ("MLA_BALANCED", 1)), ("sm_90a",), None,
+        "seesaw_tma on a persistent grid of about one CTA per SM: each CTA takes an equal share of all requests' "
+        "pairs of tiles (work_items.cuh)", tma_boxes=(4, 5), balanced=True),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
@@ -263,6 +270,8 @@ def launch_geometry(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
     if not 1 <= h_kv <= 65535:
         raise ValueError(f"h_kv {h_kv} out of range for grid.y (1..65535)")
     nmb = num_m_blocks(s_q, h_q, h_kv, variant)
+    if kv.balanced:  # num_splits = CTAs per (KV head, row block) group
+        return (num_splits, h_kv, nmb), (kv.threads, 1, 1), kv.smem_bytes
     return (nmb * num_splits, h_kv, b), (kv.threads, 1, 1), kv.smem_bytes
 
 
@@ -273,12 +282,14 @@ def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
     counters [b, h_kv, nmb] u32 (block_m and nmb of the variant). counters must be zeroed once at
     allocation; every variant leaves them at zero after each launch.
     """
-    bm = kernel(variant).block_m
+    kv = kernel(variant)
+    bm = kv.block_m
     nmb = num_m_blocks(s_q, h_q, h_kv, variant)
     units = b * h_kv * nmb
     if num_splits == 1:
         return {"ws_o": 0, "ws_ml": 0, "counters": 4 * units}
-    rows = units * num_splits * bm
+    # balanced grid: num_splits + b partial slots per (KV head, row block) group (work_items.cuh)
+    rows = (h_kv * nmb * (num_splits + b) if kv.balanced else units * num_splits) * bm
     return {"ws_o": 4 * rows * D_V, "ws_ml": 8 * rows, "counters": 4 * units}
 
 
@@ -331,7 +342,10 @@ def choose_num_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity_tokens: in
     S <= MAX_SPLITS. A grid that already fills the SMs once (units >= SMs * 3 / 4) is not split.
     """
     kv = kernel(variant)
-    units = b * h_kv * num_m_blocks(s_q, h_q, h_kv, variant)
+    groups = h_kv * num_m_blocks(s_q, h_q, h_kv, variant)
+    if kv.balanced:  # about one CTA per SM in total
+        return max(1, min(MAX_SPLITS, sm_count // groups))
+    units = b * groups
     if units * 4 >= sm_count * 3:
         return 1
     tiles = max(1, -(-capacity_tokens // BLOCK_N))

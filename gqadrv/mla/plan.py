@@ -65,13 +65,23 @@ def param_values(problem: MlaProblem, variant: _routes.MlaVariant, fields: dict)
     return (*k_tensor_maps(problem, variant.family.tma_boxes), fields) if variant.family.tma else (fields,)
 
 
-def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
+def large_batch(problem: MlaProblem) -> bool:
+    """The requests' 64-row blocks fill 3/4 of the SMs (kernel_spec.choose_num_splits would not split):
+    the balanced grid's regime (routes.select_variant)."""
+    units = problem.b * problem.h_kv * _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv, "seesaw")
+    return units * 4 >= _drv.device_info(problem.device).sm_count * 3
+
+
+def route(problem: MlaProblem, backend: str | None, balanced_ok: bool = True) -> tuple[_routes.MlaVariant, Loaded]:
+    """The variant and its loaded module. ``balanced_ok=False`` keeps the split grid (the sparse path,
+    whose dense launches run on gathered lists, measured on seesaw_tma)."""
     use_tma = tma_ok(problem)
-    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8, problem.nope)
+    big = balanced_ok and large_batch(problem)
+    key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8, problem.nope, big)
     hit = _routes_cache.get(key)
     if hit is None:
         variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend,
-                                         use_tma, problem.kv_fp8, problem.nope)
+                                         use_tma, problem.kv_fp8, problem.nope, big)
         require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     elif problem.causal or problem.s_q > 1:

@@ -2,8 +2,14 @@
 capability, split counts. ``python -m gqadrv compile`` and the static tests read it.
 
 * ``seesaw_tma`` (sm_90a): two consumer warpgroups on FlashMLA's seesaw schedule, K tiles by TMA
-  from one producer thread; the default on the H200 for every head count when k_cache is
-  TMA-describable (pages of 64..256 tokens, 16-byte aligned strides).
+  from one producer thread, one CTA per (request, row block, split); the default on the H200 for
+  every head count when k_cache is TMA-describable (pages of 64..256 tokens, 16-byte aligned
+  strides) and the batch is small (the split count comes from the shapes).
+* ``seesaw_bal`` (sm_90a): the same kernel on the balanced persistent grid (about one CTA per SM,
+  each taking an equal share of all requests' tiles, long requests shared between CTAs,
+  kernels/mla/common/work_items.cuh); the default for TMA-describable caches when the requests' row
+  blocks fill 3/4 of the SMs (the split grid would then run every request on one CTA, so a single
+  long request would set the time of the whole batch).
 * ``seesaw`` (sm_90a): the same schedule with a cp.async producer warpgroup; the default for pages
   of 1..32 tokens or k_cache layouts a tensor map cannot describe.
 * ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows; only
@@ -94,10 +100,12 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
 
 
 def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None,
-                   tma_ok: bool = False, fp8: bool = False, nope: bool = False) -> MlaVariant:
+                   tma_ok: bool = False, fp8: bool = False, nope: bool = False, large_batch: bool = False) -> MlaVariant:
     """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one.
     ``tma_ok``: k_cache is TMA-describable (kernel_spec.tma_eligible), so the seesaw runs as
-    ``seesaw_tma`` unless the cp.async ``seesaw`` is forced. ``fp8``: k_cache is the 656-byte FP8
+    ``seesaw_tma`` unless the cp.async ``seesaw`` is forced, and as ``seesaw_bal`` (the balanced
+    persistent grid) when ``large_batch`` (row blocks of all requests fill 3/4 of the SMs: the split
+    grid would give every request one CTA however long it is). ``fp8``: k_cache is the 656-byte FP8
     format, read by ``seesaw_fp8`` (sm_90) or ``mma_fp8`` (sm_100 / sm_110, or forced on sm_90)."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
@@ -121,7 +129,7 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     elif FAMILIES[name].nope:
         raise ValueError(f"MLA backend {name!r} is the d_qk 512 build; it is chosen by d_qk, not by name")
     if name == "seesaw" and forced in (None, "auto") and tma_ok and not nope:
-        name = "seesaw_tma"
+        name = "seesaw_bal" if large_batch else "seesaw_tma"
     fam = FAMILIES[name]
     if fam.tma and not tma_ok:
         raise ValueError(f"MLA backend {name!r} needs a TMA-describable k_cache: pages of {_ks.TMA_MIN_PAGE}..256 "

@@ -133,6 +133,59 @@ def test_tma_routes_edges(case):
     assert cp.array_equal(o, o2) and cp.array_equal(lse, lse2)
 
 
+def _balanced_cases():
+    """(page, b, s_q, h_q, h_kv, lengths, ctas per group or None, causal, dtype): the balanced grid
+    (``seesaw_bal``, forced) with requests cut between CTAs at any pair, empty and over-capacity
+    lengths, a single CTA (no sharing), more CTAs than pairs, several row blocks and KV heads."""
+    rng = np.random.default_rng(1234)
+    cases = [
+        (64, 3, 1, 64, 1, [65, 0, 10**6], None, False, "bfloat16"),
+        (64, 37, 1, 16, 1, list(rng.integers(-3, 3000, 37)), None, False, "bfloat16"),
+        (128, 37, 1, 128, 1, list(rng.integers(0, 5000, 37)), None, False, "float16"),
+        (256, 5, 2, 128, 1, [127, 4096 + 17, 0, 1, 2000], 7, True, "bfloat16"),
+        (64, 4, 4, 32, 2, [64 * 7 + 1, 300, 0, 129], 3, True, "bfloat16"),
+        (64, 128, 1, 16, 1, [4096] * 128, None, False, "bfloat16"),
+        (64, 128, 1, 64, 1, [700 + 3 * i for i in range(128)], None, False, "bfloat16"),
+        (64, 2, 1, 64, 1, [8192, 1], None, False, "bfloat16"),
+        (64, 9, 1, 16, 1, [0] * 8 + [5000], 300, False, "bfloat16"),
+        (128, 6, 1, 64, 2, [1, 128, 129, 0, 3000, 64], 1, False, "bfloat16"),
+        (64, 1, 1, 128, 1, [20000], 64, False, "bfloat16"),
+        (64, 16, 2, 64, 1, list(rng.integers(1, 2500, 16)), 13, True, "float16"),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", _balanced_cases(), ids=lambda c: f"p{c[0]}-b{c[1]}-s{c[2]}h{c[3]}kv{c[4]}-P{c[6]}")
+def test_balanced_grid(case):
+    """seesaw_bal: every CTA takes an equal share of all requests' tile pairs (work_items.cuh); shared
+    requests merge in the CTA that finishes last. Every input strided, NaN in unused pages, a second
+    launch equal to the first (tickets reset), and a replay with other lengths in place."""
+    import cupy as cp
+
+    import gqadrv
+
+    page, b, s_q, h_q, h_kv, lens, ctas, causal, dtype = case
+    rng = np.random.default_rng(page + b + h_q)
+    cap = max(min(max(int(x) for x in lens), 20000), 1)
+    q, k, bt, ln = make_case(rng, b, s_q, h_q, h_kv, page, lens, dtype, max_blocks=-(-cap // page))
+    dq, dk, dbt = strided_inputs(q, k, bt)
+    dl = cp.asarray(ln)
+    p = gqadrv.prepare_mla_decode(dq, dk, dbt, dl, 512, causal=causal, num_splits=ctas, backend="seesaw_bal")
+    assert p.route.startswith("mla_decode_seesaw_bal_")
+    o, lse = gqadrv.launch_prepared(p)
+    ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, dtype, "balanced")
+    o1, l1 = o.copy(), lse.copy()
+    gqadrv.launch_prepared(p)
+    assert cp.array_equal(o, o1) and cp.array_equal(lse, l1)
+    # other lengths in place (each at most the request's filled pages): the schedule follows them
+    ln2 = np.array([int(rng.integers(0, min(max(int(x), 0), bt.shape[1] * page) + 1)) for x in ln], np.int32)
+    dl.set(ln2)
+    gqadrv.launch_prepared(p)
+    ro, rl = mla_decode_reference(q, k, bt, ln2, 512, None, causal)
+    check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, dtype, "balanced, new lengths")
+
+
 def test_default_route_is_tma_for_large_pages_only():
     import cupy as cp
 

@@ -199,10 +199,11 @@ GQADRV_DEVICE bool last_to_arrive(const MlaDecodeArgs& a, long long unit, u32* s
 // out_row(r) / lse_at(r): the out row / lse element of the block's row r; mmax0: the start of the
 // max over the partial maxima (any value <= M_INIT gives the same result; dense_decode.cu passes
 // -inf, which keeps its SASS as measured).
+// merge_partials_from: the same with the partials at rows part0 + split * BM + r and the ticket at
+// counters[counter] (the balanced schedule's consecutive slots, kernels/mla/common/work_items.cuh).
 template <int BM, int NT, int DT, class OutRow, class LseAt, class Sync>
-GQADRV_DEVICE void merge_partials_to(const MlaDecodeArgs& a, float* wts, long long unit, int S, int rows, int tid,
-                                     OutRow out_row, LseAt lse_at, Sync sync, float mmax0) {
-  const long long part0 = unit * S * BM;  // partial row index of (split 0, row 0)
+GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long long part0, long long counter, int S,
+                                       int rows, int tid, OutRow out_row, LseAt lse_at, Sync sync, float mmax0) {
   if (tid < rows) {
     const float* ml = a.ws_ml + 2 * (part0 + tid);
     float mmax = mmax0;
@@ -246,7 +247,12 @@ GQADRV_DEVICE void merge_partials_to(const MlaDecodeArgs& a, float* wts, long lo
     pk.w = pack2<DT>(acc[6], acc[7]);
     *reinterpret_cast<U32x4*>(out_row(r) + c) = pk;
   }
-  if (tid == 0) store_relaxed_gpu(a.counters + unit, 0u);  // the next launch / graph replay needs no memset
+  if (tid == 0) store_relaxed_gpu(a.counters + counter, 0u);  // the next launch / graph replay needs no memset
+}
+template <int BM, int NT, int DT, class OutRow, class LseAt, class Sync>
+GQADRV_DEVICE void merge_partials_to(const MlaDecodeArgs& a, float* wts, long long unit, int S, int rows, int tid,
+                                     OutRow out_row, LseAt lse_at, Sync sync, float mmax0) {
+  merge_partials_from<BM, NT, DT>(a, wts, unit * S * BM, unit, S, rows, tid, out_row, lse_at, sync, mmax0);
 }
 // The same for a block whose rows start at packed row row0 of (request b, KV head kvh).
 template <int BM, int NT, int DT, class Sync>

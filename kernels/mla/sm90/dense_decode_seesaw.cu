@@ -1,12 +1,21 @@
-// gqadrv — MLA dense decode, "seesaw" schedule (sm_90a, wgmma). Same semantics, arguments, grid,
-// split-KV and last-CTA merge as dense_decode.cu (which stays as the simple fallback); this kernel
+// gqadrv — MLA dense decode, "seesaw" schedule (sm_90a, wgmma). Same semantics and arguments as
+// dense_decode.cu (which stays as the simple fallback), its split grid and last-CTA merge, or the
+// balanced persistent grid (MLA_BALANCED); this kernel
 // is built for the compute-bound regime (M = s_q * h_q / h_kv >= 32 packed rows per KV head).
 //
-// CTA work  grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb * split: 64 packed rows (zero-filled past
-//           M) against the 64-token tiles of the split. Tiles go in pairs (T0 = even, T1 = odd tile of
-//           a pair); splits are whole pairs of ceil(key_len / 64) tiles, key_len = the largest key
-//           limit of the CTA's valid rows (len, or len - (s_q - 1 - s_last) when causal). A pair's
-//           odd tile may lie past the split's token end tok_end: its rows are zero-filled and masked.
+// CTA work  64 packed rows (zero-filled past M) against the 64-token tiles of its work items
+//           (kernels/mla/common/work_items.cuh): split grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb *
+//           split, one item = one whole-pair split of ceil(key_len / 64) tiles, key_len = the largest
+//           key limit of the block's valid rows (len, or len - (s_q - 1 - s_last) when causal); or, with
+//           MLA_BALANCED=1 (entry mla_dense_decode_seesaw_tma, route seesaw_bal), the balanced
+//           persistent grid (P, h_kv, nmb): the CTA walks its share of all requests' pairs, item by
+//           item (whole requests, or the end / start of a request shared with the neighbouring CTA).
+//           Tiles go in pairs (T0 = even, T1 = odd tile of a pair). A pair's odd tile may lie past the
+//           item's token end tok_end: its rows are zero-filled and masked. Per item: Q load, pairs,
+//           epilogue (out / lse, or the fp32 partial and a ticket when the request is shared); the
+//           K barriers' phases run on over the CTA's pairs (parity of the CTA's pair count), Q's over
+//           its items, so the producer fills the next item's first pair while the consumers finish
+//           the previous one.
 // Warps     384 threads: warpgroups WG0 (warps 0..3) and WG1 (4..7) compute, WG2 (warps 8..11) is the
 //           producer (all cp.async copies: Q once, then the K blocks of every pair in the order they
 //           die, so the consumer warps never have copies in flight when they execute a proxy fence).
@@ -30,8 +39,9 @@
 //                             Q K0^T) doubles as sP0 once S0 is computed
 //           [144K, 216K)  K1  slot of the odd tile
 //           [216K, 224K)  sP1 64 x 64 (K-major, swizzled; A of WG0's SS P V)
-//           + sM[64], sScale0[64], sScale1[64], lsum[2][64] (fp32), 23 mbarriers (full[2][9],
-//           empty[2][2], q), ticket
+//           + sM[64], sScale0[64], sScale1[64], lsum[2][64] (fp32), 24 mbarriers (full[2][9],
+//           empty[2][2], q, q_empty), ticket, the balanced schedule's scan / start (20 ints) and
+//           won merges (2 x 3 ints)
 //           merge: the K slots hold the [64][S] merge weights after the main loop.
 // Loads     producer warpgroup, cp.async 16 B with zero-fill (src-size 0) for token rows >= tok_end (no
 //           global read, no block-table read); each warp instruction copies 4 rows x 128 B of one cb.
@@ -46,14 +56,21 @@
 // d_qk 512 (MLA_NOPE=1, sparse prefill without RoPE channels; cp.async path only): q and K rows hold
 //           512 channels; the producer zero-fills channel block 8 of Q and of every K tile instead of
 //           reading it, so Q K^T over the 9 blocks equals the 512-channel product.
+// Q / items q (count: the Q loaders) completes once per item with pairs; q_empty (count 8, one
+//           arrival per consumer warp once the item's last Q K^T retired) lets the Q loaders write the
+//           next item's Q. With MLA_BALANCED the consumers release every K half after its last
+//           reader, also after an item's last pair (the next item refills it); the split grid keeps
+//           releases to pairs with a successor. Merges won on shared requests run after the CTA's
+//           last item (no load in flight then; the merge weights use the K slots).
 // TMA mode (MLA_TMA_K=1, entry mla_dense_decode_seesaw_tma, parameters (k_lo, k_hi, args): two
 //           CUtensorMaps of k_cache as 5-D (64 channels, page tokens, 9 channel blocks, h_kv,
 //           num_blocks) with strides (token, 128 B, head, page) and boxes (64, 64, 4 | 5, 1, 1), 128B
 //           swizzle, so that one TMA writes channel blocks 0..3 (k_lo) or 4..8 (k_hi, block
 //           coordinate 4) of a 64-token tile in exactly the smem layout above; pages of 64..256
-//           tokens): the producer warpgroup loads Q with cp.async (then cp.async.wait_all +
-//           fence.proxy.async before arriving on bar_q, so the consumers need no proxy fence), then
-//           its warps 1..3 and lanes 1..31 exit and one thread issues the four K loads of a pair, in
+//           tokens): producer warps 1..3 load Q with cp.async (then cp.async.wait_all +
+//           fence.proxy.async before arriving on bar_q, so the consumers need no proxy fence; q_bar
+//           count 96), warp 0's lanes 1..31 exit, and its lane 0 issues the four K loads of a pair
+//           from the start (not after Q), in
 //           the same order and after the same `empty` waits as above, each completing on the
 //           barrier of its half (full[slot][0] for cb 0..3, full[slot][4] for cb 4..8: count 1,
 //           expect_tx 32 / 40 KB; readers of any cb wait on its half's barrier). It reads the
@@ -97,6 +114,7 @@
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
+#include "../common/work_items.cuh"
 #include "tile64_ops.cuh"
 #if MLA_FP8
 #include "../common/fp8_rows.cuh"
@@ -116,7 +134,9 @@ constexpr u32 OFF_SC1 = OFF_SC0 + 256;
 constexpr u32 OFF_LSUM = OFF_SC1 + 256;
 constexpr u32 OFF_BAR = OFF_LSUM + 512;   // full[2][9], empty[2][2], bar_q
 constexpr u32 OFF_TICKET = OFF_BAR + 192;
-constexpr u32 SMEM_USED = OFF_TICKET + 16;
+constexpr u32 OFF_SCHED = OFF_TICKET + 16;  // balanced schedule: 12 warp sums, the CTA's start (5 ints)
+constexpr u32 OFF_MERGE = OFF_SCHED + 80;   // merges won: {request, first slot, splits} x 2 (request -1: none)
+constexpr u32 SMEM_USED = OFF_MERGE + 48;
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the seesaw smem map (+1 KB alignment slack)");
 static_assert(64u * MLA_MAX_SPLITS * 4u <= 2u * TILE, "merge weights must fit in the K slots");
 static_assert(MLA_BLOCK_M == 64 && MLA_BLOCK_N == 64, "tiling is fixed");
@@ -165,6 +185,15 @@ GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u 
 // empty[slot][half]: half 0 = cb 0..3 (last reader WG0), half 1 = cb 4..8 (last reader WG1)
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot, int half) { return sb + OFF_BAR + 8u * (u32)(18 + 2 * slot + half); }
 GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * 22u; }
+// q_empty: the consumers' 8 warps arrive once the item's last Q K^T has retired (the next item's Q may land)
+GQADRV_DEVICE u32 q_empty_bar(u32 sb) { return sb + OFF_BAR + 8u * 23u; }
+// Threads arriving on q_bar: TMA mode, producer warps 1..3 (warp 0's lane 0 issues the K loads meanwhile);
+// otherwise the whole producer warpgroup.
+constexpr u32 Q_LOADERS = MLA_TMA_K ? 96u : 128u;
+// Release the K halves after an item's last pair too (the balanced schedule's next item refills them);
+// the split grid's single item keeps the releases to pairs that have a successor.
+constexpr bool RELEASE_LAST = MLA_BALANCED != 0;
+static_assert(!MLA_BALANCED || MLA_TMA_K, "the balanced schedule is built on the TMA producer");
 
 // Source rows of tile `tile` a producer thread copies: tokens tile * 64 + 16 pw + 4 q + (lane >> 3),
 // q < 4 (pw = producer warp 0..3), already advanced to the lane's 16-byte unit (lane & 7);
@@ -224,6 +253,32 @@ GQADRV_DEVICE void publish_max(float* sM, float* sSc, int r_lo, int r_hi, int t,
   }
 }
 #if MLA_TMA_K
+// %ctaid.y (I = 1), %ctaid.z (I = 2) or %tid.x (I = 3) read again (volatile: never merged with an
+// earlier read, so the value is not kept live across setmaxnreg).
+template <int I>
+GQADRV_DEVICE int ctaid_or_tid() {
+  int v;
+  if (I == 1) asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+  if (I == 2) asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+  if (I == 3) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+
+// TMA mode: Q rows [row0, row0 + 64) of request `req` (rows >= M zero-filled) by producer warps 1..3
+// (x = 0..95): thread x copies 16-byte unit x & 7 of rows x / 8 + 12 k, every channel block.
+GQADRV_DEVICE void load_q_rows(const MlaDecodeArgs& a, u32 q_smem, int req, int kvh, int row0, int M, int x) {
+  const int u = x & 7;
+#pragma unroll 1
+  for (int r = x >> 3; r < MLA_BLOCK_M; r += 12) {
+    const int rg = row0 + r;
+    const u16* src = rg < M ? q_row_ptr(a, req, kvh, rg) + u * 8 : nullptr;
+#pragma unroll
+    for (int c = 0; c < NCB; ++c)
+      cp_async_16(q_smem + (u32)c * CB + swz(r, u), src ? (const void*)(src + c * 64) : (const void*)a.q,
+                  src ? 16u : 0u);
+  }
+}
+
 // Zero rows [first_row, 64) of channel blocks c0 .. c0 + 3 of a K slot (TMA mode, a split's partially
 // valid last tile: those rows come from a real page and may hold anything). One warpgroup (128
 // threads, x = thread index in it), then the proxy fence and the warpgroup's named barrier.
@@ -330,10 +385,28 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const u32 sb = aligned_dynamic_smem(smem, SMEM_USED, tid);  // base rounded up to 1 KB
 
   const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
-  const int nmb = a.num_m_blocks, S = a.num_splits;
+  const int nmb = a.num_m_blocks;
+#if MLA_BALANCED
+  const int mb = (int)blockIdx.z, kvh = blockIdx.y;
+#else
+  const int S = a.num_splits;
   const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
   const int kvh = blockIdx.y, b = blockIdx.z;
+#endif
   const int M = a.m_rows, row0 = mb * MLA_BLOCK_M;
+  const int last_row = (M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M) - 1 + row0;  // the block's last valid row
+
+  // Balanced grid: the block geometry again in each role after its setmaxnreg (shadowing the values
+  // above, which would otherwise stay live across setmaxnreg and be spilled).
+#if MLA_BALANCED
+#define REDERIVE_BLOCK_GEOMETRY()                                                                       \
+  const int mb = ctaid_or_tid<2>(), kvh = ctaid_or_tid<1>(), row0 = mb * MLA_BLOCK_M;                   \
+  const int last_row = (M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M) - 1 + row0
+#else
+#define REDERIVE_BLOCK_GEOMETRY() \
+  do {                            \
+  } while (0)
+#endif
 
   if (tid == 0) {
 #if MLA_TMA_K
@@ -347,46 +420,97 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #endif
 #pragma unroll 1
     for (int i = 18; i < 22; ++i) mbar_init(sb + OFF_BAR + 8u * i, 4);  // empty: one arrival per consumer warp
-    mbar_init(q_bar(sb), 128);
+    mbar_init(q_bar(sb), Q_LOADERS);
+    mbar_init(q_empty_bar(sb), 8);  // one arrival per consumer warp once its last Q K^T of an item retired
     fence_mbarrier_init();
   }
   float* sM = reinterpret_cast<float*>(smem + OFF_SM);
   if (tid < 64) sM[tid] = M_INIT;
 
   pdl_wait();  // no-op unless launched with programmatic stream serialization
+  // The CTA's work items (kernels/mla/common/work_items.cuh); every thread walks the same list.
+#if MLA_BALANCED
+  // The scan's barriers also publish the barrier inits and sM (the last CTA-wide barriers: WG2 leaves early).
+  balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid);
+  BalancedWalker walker;  // read from shared memory by each role after its setmaxnreg
+  auto start_walk = [&](int group) {
+    walker = balanced_walker<THREADS>(reinterpret_cast<const int*>(smem + OFF_SCHED), (int)blockIdx.x,
+                                      group * (a.num_splits + a.b));
+  };
+  auto next_item = [&](WorkItem& w, int block_last_row) -> bool { return walker.next(a, block_last_row, w); };
+#else
   __syncthreads();  // barriers initialised, sM = M_INIT (the last CTA-wide barrier: WG2 leaves early)
-  // Everything below is computed after setmaxnreg in each role (values live across it are spilled).
-  // Key range of this CTA: the largest limit of its valid rows (tile count), splits in whole pairs.
-  struct Range {
-    int len, npairs, t_beg, tok_end;
+  bool item_left = true;
+  auto start_walk = [](int) {};
+  auto next_item = [&](WorkItem& w, int) -> bool {
+    if (!item_left) return false;
+    item_left = false;
+    w = split_item(a, b, split, S, last_row, ((long long)b * a.h_kv + kvh) * nmb + mb);
+    return true;
   };
-  auto range = [&]() -> Range {
-    Range r;
-    r.len = clamped_len(a, b);
-    const int last_row = (M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M) - 1 + row0;
-    const int key_len = row_key_limit(a, r.len, last_row);
-    const int ntiles = (key_len + 63) >> 6, npairs_all = (ntiles + 1) >> 1;
-    const int p_beg = split_point(npairs_all, split, S), p_end = split_point(npairs_all, split + 1, S);
-    r.npairs = p_end - p_beg;
-    r.t_beg = 2 * p_beg;
-    r.tok_end = min(key_len, 2 * p_end * 64);
-    return r;
-  };
+#endif
+  // Values computed before setmaxnreg stay live across it (and would be spilled): each role walks
+  // its items after its setmaxnreg.
 
   if (wg == 2) {
     // =================================================================== producer warpgroup
     setmaxnreg_dec_producer();
+    REDERIVE_BLOCK_GEOMETRY();
+    start_walk(kvh * nmb + mb);
     const int pw = wi;
-    const Range rg_ = range();
-    const int npairs = rg_.npairs, t_beg = rg_.t_beg, tok_end = rg_.tok_end;
-    const i32* bt_row = a.block_table + (long long)b * a.bt_stride;
-    if (npairs > 0) {
+    WorkItem w;
+    int nq = 0, gp = 0;  // items with pairs so far (Q phase), pairs so far (K barrier phases)
+#if MLA_TMA_K
+    // thread 0 (warp 0, lane 0) issues every K load; warps 1..3 load Q; warp 0's other lanes leave
+    if (pw == 0 && lane != 0) return;
+#pragma unroll 1
+    while (next_item(w, last_row)) {
+      if (w.npairs == 0) continue;
+      const int npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
+      if (pw != 0) {
+        if (nq > 0) mbar_wait_wd(q_empty_bar(sb), (u32)(nq - 1) & 1u);  // the previous item's Q is dead
+        load_q_rows(a, sb + OFF_Q, w.req, kvh, row0, M, tid - 288);
+        cp_async_wait_all();
+        fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
+        mbar_arrive(q_bar(sb));
+      } else {
+        const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
+        TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
+        TileSrc s1 = tile_src(a, bt_row, t_beg + 1, tok_end);
+#pragma unroll 1
+        for (int it = 0; it < npairs; ++it) {
+          const int T0 = t_beg + 2 * it;
+          const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
+          const bool nxt = it + 1 < npairs;
+          // next pair's block-table entries, one pair ahead (in flight during the empty waits)
+          const TileSrc n0 = nxt ? tile_src(a, bt_row, T0 + 2, tok_end) : s0;
+          const TileSrc n1 = nxt ? tile_src(a, bt_row, T0 + 3, tok_end) : s1;
+          mbar_wait_wd(empty_bar(sb, 0, 0), pe);
+          tma_half<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), &k_lo, s0, kvh);
+          mbar_wait_wd(empty_bar(sb, 1, 1), pe);
+          tma_half<4, 9>(sb + OFF_K1, full_bar(sb, 1, 4), &k_hi, s1, kvh);
+          mbar_wait_wd(empty_bar(sb, 0, 1), pe);
+          tma_half<4, 9>(sb + OFF_K0, full_bar(sb, 0, 4), &k_hi, s0, kvh);
+          mbar_wait_wd(empty_bar(sb, 1, 0), pe);
+          tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
+          s0 = n0;
+          s1 = n1;
+        }
+      }
+      gp += npairs;
+      ++nq;
+    }
+#else
+    // cp.async and FP8 producers: the split grid's single item (MLA_BALANCED needs MLA_TMA_K)
+    if (next_item(w, last_row) && w.npairs > 0) {
+      const int npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
+      const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
       {  // Q rows of this block (rows >= M zero-filled): rows 16 pw + 4 q + (lane >> 3), every cb
         const int u = lane & 7;
 #pragma unroll 1
         for (int q = 0; q < 4; ++q) {
           const int r = 16 * pw + 4 * q + (lane >> 3), rg = row0 + r;
-          const u16* src = rg < M ? q_row_ptr(a, b, kvh, rg) + u * 8 : nullptr;
+          const u16* src = rg < M ? q_row_ptr(a, w.req, kvh, rg) + u * 8 : nullptr;
 #pragma unroll
           for (int c = 0; c < NCB; ++c) {
             const bool ok = src != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: q rows of 512, block 8 zeros
@@ -394,43 +518,14 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
                         ok ? 16u : 0u);
           }
         }
-#if MLA_TMA_K
-        cp_async_wait_all();
-        fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
-        mbar_arrive(q_bar(sb));
-#else
         cp_async_mbar_arrive_noinc(q_bar(sb));
-#endif
       }
-#if MLA_TMA_K
-      if (pw != 0 || lane != 0) return;
-      TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
-      TileSrc s1 = tile_src(a, bt_row, t_beg + 1, tok_end);
-#pragma unroll 1
-      for (int it = 0; it < npairs; ++it) {
-        const int T0 = t_beg + 2 * it;
-        const u32 pe = (u32)(it & 1) ^ 1u;
-        const bool nxt = it + 1 < npairs;
-        // next pair's block-table entries, one pair ahead (in flight during the empty waits)
-        const TileSrc n0 = nxt ? tile_src(a, bt_row, T0 + 2, tok_end) : s0;
-        const TileSrc n1 = nxt ? tile_src(a, bt_row, T0 + 3, tok_end) : s1;
-        mbar_wait_wd(empty_bar(sb, 0, 0), pe);
-        tma_half<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), &k_lo, s0, kvh);
-        mbar_wait_wd(empty_bar(sb, 1, 1), pe);
-        tma_half<4, 9>(sb + OFF_K1, full_bar(sb, 1, 4), &k_hi, s1, kvh);
-        mbar_wait_wd(empty_bar(sb, 0, 1), pe);
-        tma_half<4, 9>(sb + OFF_K0, full_bar(sb, 0, 4), &k_hi, s0, kvh);
-        mbar_wait_wd(empty_bar(sb, 1, 0), pe);
-        tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
-        s0 = n0;
-        s1 = n1;
-      }
-#elif MLA_FP8
+#if MLA_FP8
       const int x = tid - 256;
 #pragma unroll 1
       for (int it = 0; it < npairs; ++it) {
         const int T0 = t_beg + 2 * it;
-        const u32 pe = (u32)(it & 1) ^ 1u;  // empty parity: the first fill of every block is free
+        const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
         // Each half is converted once the next one's copies are issued: waits and conversions alternate,
         // so no conversion waits for a later release. Every wait here is for a release that depends only
         // on halves already converted: empty(1,1) / empty(0,1) on WG1's previous pair, empty(1,0) on WG0
@@ -459,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #pragma unroll 1
       for (int it = 0; it < npairs; ++it) {
         const int T0 = t_beg + 2 * it;
-        const u32 pe = (u32)(it & 1) ^ 1u;  // empty parity: the first fill of every block is free
+        const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
         const u16* p0[4];
         const u16* p1[4];
         tile_rows(a, bt_row, kvh, T0, tok_end, pw, lane, p0);
@@ -476,16 +571,33 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       cp_async_wait_all();
 #endif
     }
+#endif
   } else {
   // ===================================================================== consumer warpgroups
   setmaxnreg_inc_consumer();
-  const Range rg_ = range();
-  const int len = rg_.len, npairs = rg_.npairs, t_beg = rg_.t_beg, tok_end = rg_.tok_end;
+  REDERIVE_BLOCK_GEOMETRY();
+#if MLA_BALANCED
+  const int wg = ctaid_or_tid<3>() >> 7;
+#endif
+  start_walk(kvh * nmb + mb);
+  float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
+  float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
   const int r_lo = 16 * wi + g, r_hi = r_lo + 8;
+  const float sc = a.scale_log2;
+  const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
+  int nq = 0, gp = 0;  // as in the producer
+  // Merges this CTA won (last ticket of a shared request), run after its last item, when no load is in
+  // flight into the K slots that hold the merge weights. Only a CTA's first and last item can be shared.
+  int* s_merge = reinterpret_cast<int*>(smem + OFF_MERGE);  // written by thread 0, read after BAR_EPI
+  if (tid == 0) s_merge[0] = s_merge[3] = -1;
+  int n_merge = 0;  // uniform over the consumer threads
+  WorkItem w;
+#pragma unroll 1
+  while (next_item(w, last_row)) {
+  const int len = w.len, npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
   const int lim_lo = min(row_key_limit(a, len, row0 + r_lo), tok_end);
   const int lim_hi = min(row_key_limit(a, len, row0 + r_hi), tok_end);
   const int lim_min = min(row_key_limit(a, len, row0), tok_end);
-  const float sc = a.scale_log2;
 
   float o[128];
 #pragma unroll
@@ -497,25 +609,24 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 
   if (npairs > 0) {
     // ---- prologue: S0 = Q K0^T (WG0) / S1 = Q K1^T (WG1) of the first pair
-    mbar_wait_wd(q_bar(sb), 0);
+    mbar_wait_wd(q_bar(sb), (u32)nq & 1u);
     reg_fence(o);
     reg_fence(s);
+    const u32 ph0 = (u32)gp & 1u;
     wgmma_fence();
     if (wg == 0) {
 #pragma unroll
-      for (int c = 0; c < NCB; ++c) qk_block_waited(s, sb, 0, c, 0, c == 0);
+      for (int c = 0; c < NCB; ++c) qk_block_waited(s, sb, 0, c, ph0, c == 0);
     } else {
 #pragma unroll
       for (int i = 0; i < NCB; ++i) {
         const int c = i < 5 ? 4 + i : i - 5;  // 4..8, 0..3 (fill order)
-        qk_block_waited(s, sb, 1, c, 0, i == 0);
+        qk_block_waited(s, sb, 1, c, ph0, i == 0);
       }
     }
     wgmma_wait<0>();
     reg_fence(s);
-
-    float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
-    float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
+    if (npairs == 1) release(q_empty_bar(sb), lane);  // the item's last Q K^T has retired
 
     if (wg == 0) {
       // =============================================================== warpgroup 0
@@ -523,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       for (int it = 0; it < npairs; ++it) {
         const int T0 = t_beg + 2 * it;
         const bool nxt = it + 1 < npairs;
-        const u32 ph = (u32)(it & 1);
+        const u32 ph = (u32)((gp + it) & 1);
         // softmax of S0 against the shared running max
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
@@ -549,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         wgmma_wait<0>();
         reg_fence(o);
         reg_fence_u(pa);
-        if (nxt) release(empty_bar(sb, 0, 0), lane);  // K0 cb 0..3 dead
+        if (RELEASE_LAST || nxt) release(empty_bar(sb, 0, 0), lane);  // K0 cb 0..3 dead
         // P0 a1 -> sP0 for WG1
         named_bar_sync(BAR_SCALE1, 256);
         const float a1_lo = sSc1[r_lo], a1_hi = sSc1[r_hi];
@@ -587,6 +698,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         wgmma_wait<0>();
         reg_fence(o);
         reg_fence(s);
+        if (RELEASE_LAST && !nxt) release(empty_bar(sb, 1, 0), lane);  // P1 V1L done: K1 cb 0..3 dead
+        if (it + 2 == npairs) release(q_empty_bar(sb), lane);  // the item's last Q K^T has retired
       }
     } else {
       // =============================================================== warpgroup 1
@@ -594,7 +707,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       for (int it = 0; it < npairs; ++it) {
         const int T1 = t_beg + 2 * it + 1;
         const bool nxt = it + 1 < npairs;
-        const u32 ph = (u32)(it & 1);
+        const u32 ph = (u32)((gp + it) & 1);
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
@@ -657,10 +770,21 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         reg_fence(o);
         reg_fence(s);
         reg_fence_u(pa);
+        if (RELEASE_LAST && !nxt) {  // the item's last pair: its K1 cb 4..8, K0 cb 4..8 and sP0 are dead
+          release(empty_bar(sb, 1, 1), lane);
+          release(empty_bar(sb, 0, 1), lane);
+        }
+        if (it + 2 == npairs) release(q_empty_bar(sb), lane);  // the item's last Q K^T has retired
       }
     }
+    gp += npairs;
+    ++nq;
   }
+#if MLA_BALANCED
+  if (!walker.more(a)) pdl_launch_dependents();
+#else
   pdl_launch_dependents();
+#endif
 
   // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM)
   float L_lo, L_hi;
@@ -668,22 +792,49 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
                [] { named_bar_sync(BAR_EPI, 256); }, L_lo, L_hi);
   const float m_lo = sM[r_lo], m_hi = sM[r_hi];
   const bool v_lo = row0 + r_lo < M, v_hi = row0 + r_hi < M;
+#if MLA_BALANCED
+  // every consumer thread has read sM and lsum: reset the running max for the next item (each quad's
+  // lane 0 its two rows; WG1 reads sM only after WG0's BAR_SCALE0 arrival, WG0's lanes after the
+  // __syncwarp)
+  named_bar_sync(BAR_EPI, 256);
+  if (wg == 0 && t == 0) {
+    sM[r_lo] = M_INIT;
+    sM[r_hi] = M_INIT;
+  }
+  __syncwarp();
+#endif
 
   const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
-  if (S == 1) {
-    store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, b, kvh, row0 + r); },
-                       [&](int r) { return lse_ptr(a, b, kvh, row0 + r); });
-    return;
+  if (w.nsplit == 1) {
+    store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, w.req, kvh, row0 + r); },
+                       [&](int r) { return lse_ptr(a, w.req, kvh, row0 + r); });
+    continue;
   }
+  // ---- a shared request: this item's partial (written even when empty), then the ticket
+  store_partial_rows(a, o, rp, (long long)w.slot * MLA_BLOCK_M, wg, t);
+  const long long unit = ((long long)w.req * a.h_kv + kvh) * nmb + mb;
+  if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), w.nsplit, tid,
+                     [] { named_bar_sync(BAR_EPI, 256); })) {
+    if (tid == 0) {
+      s_merge[3 * n_merge] = w.req;
+      s_merge[3 * n_merge + 1] = w.slot0;
+      s_merge[3 * n_merge + 2] = w.nsplit;
+    }
+    ++n_merge;
+  }
+  }  // items
 
-  // ---- split > 1: this split's partial (written even when empty), then the ticket
-  const long long unit = ((long long)b * a.h_kv + kvh) * nmb + mb;
-  store_partial_rows(a, o, rp, (unit * S + split) * MLA_BLOCK_M, wg, t);
-  if (!last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), S, tid,
-                      [] { named_bar_sync(BAR_EPI, 256); }))
-    return;
-  const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
-  merge_partials<MLA_BLOCK_M, 256, DT>(a, reinterpret_cast<float*>(smem + OFF_K0), unit, S, b, kvh, row0, rows, tid,
-                                       [] { named_bar_sync(BAR_EPI, 256); });
+  // ---- merges won: no load is in flight (every issued load was consumed), the K slots are free
+  named_bar_sync(BAR_EPI, 256);  // thread 0's s_merge entries are visible
+#pragma unroll 1
+  for (int k = 0; k < n_merge; ++k) {
+    const int req = s_merge[3 * k], slot0 = s_merge[3 * k + 1], nsplit = s_merge[3 * k + 2];
+    merge_partials_from<MLA_BLOCK_M, 256, DT>(
+        a, reinterpret_cast<float*>(smem + OFF_K0), (long long)slot0 * MLA_BLOCK_M,
+        ((long long)req * a.h_kv + kvh) * nmb + mb, nsplit, rows, tid,
+        [&](int r) { return out_row_ptr(a, req, kvh, row0 + r); }, [&](int r) { return lse_ptr(a, req, kvh, row0 + r); },
+        [] { named_bar_sync(BAR_EPI, 256); }, M_INIT);
+    named_bar_sync(BAR_EPI, 256);  // the weights of this merge are read before the next one writes them
+  }
   }  // consumer warpgroups
 }

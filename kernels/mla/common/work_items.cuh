@@ -1,0 +1,222 @@
+// gqadrv — MLA dense decode: the work items of one CTA of the seesaw kernel.
+//
+// A work item is one request's key range for the CTA's 64-row block: tiles [t_beg, t_beg + 2 npairs)
+// (pairs of 64-token tiles), token end tok_end. Two schedules produce them:
+//
+// Split grid (MLA_BALANCED=0): grid (nmb * S, h_kv, b); the CTA's one item is split blockIdx.x / nmb of
+//   request blockIdx.z, S = num_splits whole-pair splits of the request (split_point). Its partial slot
+//   is unit * S + split, unit = (b * h_kv + kvh) * nmb + mb (the workspace layout of kernel_spec).
+//
+// Balanced persistent grid (MLA_BALANCED=1): grid (P, h_kv, nmb), P = num_splits = CTAs per (KV head,
+//   row block) group (the host picks about one CTA per SM in total). Request i costs
+//   w_i = REQ_COST + npairs_i units (REQ_COST for its Q load and epilogue, then one unit per pair); the
+//   requests' units are laid end to end (request i from C_i = sum_{j<i} w_j, its pairs from
+//   f_i = C_i + REQ_COST), W = sum w_i, chunk = ceil(W / P). CTA p takes the units [B_p, B_{p+1}),
+//   B_q = snap(q chunk) (B_0 = 0, B_q = W for q chunk >= W): a boundary inside a request of 1 to
+//   1.25 chunks moves to the nearer end of it (the start on a tie), so such requests are never cut
+//   (with uniform lengths and 0.8 P <= b <= P every request stays whole, one per CTA, as in the split
+//   grid); in any other request it moves to an end only within chunk / 8 units of it (no slivers),
+//   so requests longer or shorter than that are cut where needed: every CTA gets about one chunk,
+//   and one long request in a batch no longer runs on a single CTA. (Measured on the H200 against
+//   two other tolerances, docs/MLA.md.) snap is monotone (it moves a boundary only within its
+//   request, to the nearer end), so the ranges partition [0, W). The CTA holding unit x, cta(x), is
+//   floor(x / chunk) corrected for the two boundaries of x's request that may have moved (its first
+//   interior boundary to the start, its last to the end; a request of at most 1.25 chunks holds at
+//   most two, and in any request a boundary further inside is more than chunk / 8 from both ends).
+//   A request with pairs is shared by nsplit = cta(last pair) - cta(f_i) + 1 CTAs; only a CTA's
+//   first and last item can be shared. A request without pairs (length 0) is answered by the CTA
+//   whose range holds C_i (out 0, lse +inf). Partial slots: CTA p's share of request i uses slot p + i of the group's (P + b)
+//   slots (unique: along the staircase of (CTA, request) pairs p + i increases by at least one per
+//   step), so a request's nsplit partials are the consecutive slots from cta(f_i) + i. Every CTA
+//   derives W and its range from cache_seqlens at each launch (a block-wide scan, `balanced_start`):
+//   nothing depends on host-side lengths, CUDA-graph replays with new lengths stay valid.
+#pragma once
+#include "../../common/ptx.cuh"
+#include "args.cuh"
+#include "decode_util.cuh"
+
+#ifndef MLA_BALANCED
+#define MLA_BALANCED 0
+#endif
+
+
+namespace mla {
+
+constexpr int REQ_COST = 1;  // fixed cost of one request, in pairs (balanced schedule)
+
+struct WorkItem {
+  int req;      // request index
+  int len;      // its clamped cache length
+  int t_beg;    // first 64-token tile of the item
+  int npairs;   // pairs of tiles (0: an empty request this CTA answers, or an empty split)
+  int tok_end;  // tokens >= tok_end are masked (min(key_len, end of the item's last pair))
+  int nsplit;   // CTAs sharing the request (1: this CTA writes out / lse)
+  int slot;     // this item's partial slot (nsplit > 1)
+  int slot0;    // the request's first partial slot (the merge reads nsplit consecutive slots)
+};
+
+// Pairs of 64-token tiles request `req` needs for the row block whose last valid row is last_row.
+GQADRV_DEVICE int request_pairs(const MlaDecodeArgs& a, int req, int last_row, int& len) {
+  len = clamped_len(a, req);
+  const int key_len = row_key_limit(a, len, last_row);
+  return (((key_len + 63) >> 6) + 1) >> 1;
+}
+
+// Boundary x (C <= x < C + w, inside the request [C, C + w)) moved to the nearer end of the request
+// when it lies within tol units of it (the start on a tie), else x: tol = w (always moved) for
+// requests of 1 to 1.25 chunks, chunk / 8 otherwise (see the header comment).
+GQADRV_DEVICE int snap_boundary(int x, int c, int w, int chunk) {
+  const int tol = (w >= chunk && 4 * w <= 5 * chunk) ? w : chunk >> 3;
+  const int d0 = x - c, d1 = c + w - x;
+  if (d0 <= d1 && d0 <= tol) return c;
+  if (d1 <= tol && d1 < d0) return c + w;
+  return x;
+}
+// cta(x) for a unit x of the request [C, C + w) (see the header comment).
+GQADRV_DEVICE int cta_of_unit(int x, int c, int w, int chunk) {
+  int p = x / chunk;
+  const int qa = (c + chunk - 1) / chunk, qb = (c + w - 1) / chunk;  // boundaries q chunk inside [C, C + w)
+  if (qa <= qb) {
+    if (snap_boundary(qa * chunk, c, w, chunk) == c) p = max(p, qa);
+    if (snap_boundary(qb * chunk, c, w, chunk) == c + w) p = min(p, qb - 1);
+  }
+  return p;
+}
+
+// The split grid's single item (see above).
+GQADRV_DEVICE WorkItem split_item(const MlaDecodeArgs& a, int req, int split, int S, int last_row, long long unit) {
+  WorkItem w;
+  w.req = req;
+  const int npairs_all = request_pairs(a, req, last_row, w.len);
+  const int key_len = row_key_limit(a, w.len, last_row);
+  const int p_beg = split_point(npairs_all, split, S), p_end = split_point(npairs_all, split + 1, S);
+  w.npairs = p_end - p_beg;
+  w.t_beg = 2 * p_beg;
+  w.tok_end = min(key_len, 2 * p_end * 64);
+  w.nsplit = S;
+  w.slot0 = (int)(unit * S);
+  w.slot = w.slot0 + split;
+  return w;
+}
+
+// Iterator over a CTA's items of the balanced schedule. Every thread of the CTA runs its own copy
+// from the same start and sees the same items.
+// The fixed values (r0, r1, chunk) are read from shared memory at each call (`start`, written by
+// balanced_start): registers are scarce in the consumers.
+struct BalancedWalker {
+  int req, cost0;     // next request to look at and its first cost unit C_req
+  const int* start;   // sched + NW: {first request, its cost start, r0, r1, chunk}
+  int p, slot_base;   // the CTA index; first partial slot of its (KV head, row block) group: (kvh nmb + mb)(P + b)
+
+  // Whether a later call of next() may still return an item.
+  GQADRV_DEVICE bool more(const MlaDecodeArgs& a) const { return req < a.b && cost0 < start[3]; }
+
+  GQADRV_DEVICE bool next(const MlaDecodeArgs& a, int last_row, WorkItem& w) {
+    const int r0 = start[2], r1 = start[3], chunk = start[4];
+#pragma unroll 1
+    while (req < a.b && cost0 < r1) {
+      int len;
+      const int i = req, c = cost0;
+      const int np = request_pairs(a, i, last_row, len);
+      const int f = c + REQ_COST, end = f + np;
+      ++req;
+      cost0 = end;
+      if (np == 0) {
+        if (c < r0) continue;  // answered by the CTA holding C_i
+        w = WorkItem{i, len, 0, 0, 0, 1, 0, 0};
+        return true;
+      }
+      const int j0 = max(r0 - f, 0), j1 = min(r1 - f, np);
+      if (j1 <= j0) continue;
+      const int key_len = row_key_limit(a, len, last_row);
+      const int pf = cta_of_unit(f, c, end - c, chunk);
+      w.req = i;
+      w.len = len;
+      w.t_beg = 2 * j0;
+      w.npairs = j1 - j0;
+      w.tok_end = min(key_len, 2 * j1 * 64);
+      w.nsplit = cta_of_unit(end - 1, c, end - c, chunk) - pf + 1;
+      w.slot0 = slot_base + pf + i;
+      w.slot = slot_base + p + i;
+      return true;
+    }
+    return false;
+  }
+};
+
+// The balanced schedule's start, by a block-wide scan of the request costs: all NT threads call it
+// (it holds two __syncthreads). `sched`: NT / 32 + 5 ints of shared memory that keep the result
+// (sched[NW .. NW + 4] = first request, its cost start, r0, r1, chunk) for balanced_walker(), which
+// each role calls after its setmaxnreg (values live across setmaxnreg would be spilled).
+template <int NT>
+GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, int parts, int* sched, int tid) {
+  constexpr int NW = NT / 32;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int per = (a.b + NT - 1) / NT, i0 = min(tid * per, a.b), i1 = min(i0 + per, a.b);
+  int local = 0;
+#pragma unroll 1
+  for (int i = i0; i < i1; ++i) {
+    int len;
+    local += REQ_COST + request_pairs(a, i, last_row, len);
+  }
+  int incl = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) sched[warp] = incl;
+  __syncthreads();
+  int before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const int v = sched[w];
+    before += w < warp ? v : 0;
+    total += v;
+  }
+  const int chunk = max((total + parts - 1) / parts, 1);
+  const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
+  const int excl = before + incl - local;
+  if (tid == 0) {  // boundaries at or past the end
+    sched[NW + 4] = chunk;
+    if (x0 >= total) {
+      sched[NW] = a.b;
+      sched[NW + 1] = total;
+      sched[NW + 2] = total;
+    }
+    if (x1 >= total) sched[NW + 3] = total;
+  }
+  const bool has0 = x0 < total && excl <= x0 && x0 < excl + local;  // one thread each: the one whose
+  const bool has1 = x1 < total && excl <= x1 && x1 < excl + local;  // requests hold the boundary
+  if (has0 || has1) {
+    int c = excl;
+#pragma unroll 1
+    for (int i = i0; i < i1; ++i) {
+      int len;
+      const int w = REQ_COST + request_pairs(a, i, last_row, len);
+      if (has0 && c <= x0 && x0 < c + w) {
+        const int s0 = snap_boundary(x0, c, w, chunk);
+        sched[NW + 2] = s0;
+        sched[NW] = s0 == c + w ? i + 1 : i;  // first request of the CTA and its cost start
+        sched[NW + 1] = s0 == c + w ? c + w : c;
+      }
+      if (has1 && c <= x1 && x1 < c + w) sched[NW + 3] = snap_boundary(x1, c, w, chunk);
+      c += w;
+    }
+  }
+  __syncthreads();
+}
+
+template <int NT>
+GQADRV_DEVICE BalancedWalker balanced_walker(const int* sched, int p, int slot_base) {
+  constexpr int NW = NT / 32;
+  BalancedWalker wk;
+  wk.req = sched[NW];
+  wk.cost0 = sched[NW + 1];
+  wk.start = sched + NW;
+  wk.p = p;
+  wk.slot_base = slot_base;
+  return wk;
+}
+
+}  // namespace mla
