@@ -781,6 +781,193 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
             raise ModelError(f"block {bkey} still has in-flight readers at exit")
 
 
+# ----------------------------------------------------------------------------- seesaw_bal
+def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
+    """Transcription of the balanced TMA seesaw (MLA_TMA_K=1, MLA_BALANCED=1) over one CTA's work
+    items: ``items`` = pairs per item (0: an empty request the CTA answers), ``tails[k]`` = (even, odd)
+    tile of item k's last pair partly valid. Agents: the TMA thread, the Q loaders (producer warps
+    1..3), the two consumer warpgroups. Checked: K barriers' phases running on over the CTA's pairs,
+    releases after every pair (also an item's last), the q / q_empty hand-off (the next item's Q must
+    not land while a Q K^T still reads the old one), sM reset between items behind the epilogue
+    barrier, and the merge weights written into the K slots after the last item with no load or
+    wgmma in flight."""
+    tails = tails or [(False, False)] * len(items)
+    m = Machine(random.Random(seed))
+    for s_ in range(2):
+        for c in range(9):
+            m.init_mbar(("full", s_, c), 1)
+        for h in range(2):
+            m.init_mbar(("empty", s_, h), 1)
+    m.init_mbar("q", 1)
+    m.init_mbar("qe", 1)  # 8 consumer warps modelled as one arrival per warpgroup pair: count 2 below
+    m.mbar["qe"] = [2, 2, 0]
+    FULL = lambda s_, c: ("full", s_, 0 if c < 4 else 4)  # noqa: E731
+    EMPTY = lambda s_, h: ("empty", s_, h)  # noqa: E731
+    KB = lambda s_, c: ("K", s_, c)  # noqa: E731
+    m.mem[("sM",)] = ("init", 0)
+    with_pairs = [k for k, n in enumerate(items) if n > 0]
+    base = [sum(items[:k]) for k in range(len(items))]  # global pair index of each item's first pair
+
+    def q_loader():
+        for nq, k in enumerate(with_pairs):
+            if nq > 0:
+                yield ("wait", "qe", (nq - 1) & 1)
+            yield ("load", ("Q",), ("q", k))
+            yield ("noinc", "q")
+
+    def tma():
+        def fill(slot, c0, c1, tile):
+            for c in range(c0, c1):
+                yield ("load", KB(slot, c), ("tile", tile, c))
+            yield ("noinc", FULL(slot, c0))
+
+        for k in with_pairs:
+            for it in range(items[k]):
+                g = base[k] + it
+                T0, pe = 2 * g, (g & 1) ^ 1
+                yield ("wait", EMPTY(0, 0), pe)
+                yield from fill(0, 0, 4, T0)
+                yield ("wait", EMPTY(1, 1), pe)
+                yield from fill(1, 4, 9, T0 + 1)
+                yield ("wait", EMPTY(0, 1), pe)
+                yield from fill(0, 4, 9, T0)
+                yield ("wait", EMPTY(1, 0), pe)
+                yield from fill(1, 0, 4, T0 + 1)
+
+    def epilogue(wg, k, last_tag):
+        yield ("nb_sync", 5)  # sum_rows_2wg
+        yield ("read", ("sM",), last_tag, f"wg{wg} item{k} epilogue sM")
+        yield ("nb_sync", 5)  # every thread has read sM: reset
+        if wg == 0:
+            yield ("write", ("sM",), ("init", k + 1), f"wg0 item{k} sM reset")
+
+    def wg0():
+        nq = 0
+        for k, n in enumerate(items):
+            tail = tails[k]
+            if n == 0:
+                yield from epilogue(0, k, ("init", k))
+                continue
+            q = [(("Q",), ("q", k))]
+            b0 = base[k]
+            yield ("wait", "q", nq & 1)
+            for c in range(9):
+                yield ("wait", FULL(0, c), b0 & 1)
+                yield ("gemm", q + [(KB(0, c), ("tile", 2 * b0, c))], f"wg0 item{k} prologue QK cb{c}")
+            yield ("wait_group", 0)
+            if n == 1:
+                yield ("arrive", "qe")
+            for it in range(n):
+                g = b0 + it
+                T0, ph, nxt = 2 * g, g & 1, it + 1 < n
+                yield ("read", ("sM",), ("init", k) if it == 0 else ("m1", g - 1), f"wg0 {g} sM")
+                yield ("write", ("sM",), ("m0", g), "wg0 sM")
+                yield ("write", ("sSc0",), ("a0", g), "wg0 sSc0")
+                yield ("nb_arrive", 1)
+                if not nxt and tail[0]:
+                    for c in range(4):
+                        yield ("write", KB(0, c), ("tile", T0, c), f"wg0 {g} zero tail K0 cb{c}")
+                yield ("gemm", [(KB(0, c), ("tile", T0, c)) for c in range(4)], f"wg0 {g} RS P0 V0L")
+                yield ("wait_group", 0)
+                yield ("arrive", EMPTY(0, 0))
+                yield ("nb_sync", 2)
+                yield ("read", ("sSc1",), ("a1", g), f"wg0 {g} sSc1")
+                yield ("write", KB(0, 8), ("P0", g), f"wg0 {g} sP0 store")
+                yield ("nb_arrive", 3)
+                yield ("nb_sync", 4)
+                for c in range(4):
+                    yield ("wait", FULL(1, c), ph)
+                if not nxt and tail[1]:
+                    for c in range(4):
+                        yield ("write", KB(1, c), ("tile", T0 + 1, c), f"wg0 {g} zero tail K1 cb{c}")
+                yield ("gemm", [(("P1",), ("P1", g))] + [(KB(1, c), ("tile", T0 + 1, c)) for c in range(4)],
+                       f"wg0 {g} SS sP1 V1L")
+                if nxt:
+                    for c in range(4):
+                        yield ("wait", FULL(0, c), ph ^ 1)
+                        yield ("gemm", q + [(KB(0, c), ("tile", T0 + 2, c))], f"wg0 {g} next QK cb{c}")
+                    yield ("wait_group", 4)
+                    yield ("arrive", EMPTY(1, 0))
+                    for c in range(4, 9):
+                        yield ("wait", FULL(0, c), ph ^ 1)
+                        yield ("gemm", q + [(KB(0, c), ("tile", T0 + 2, c))], f"wg0 {g} next QK cb{c}")
+                yield ("wait_group", 0)
+                if not nxt:
+                    yield ("arrive", EMPTY(1, 0))
+                if it + 2 == n:
+                    yield ("arrive", "qe")
+            nq += 1
+            yield from epilogue(0, k, ("m1", b0 + n - 1))
+        yield ("nb_sync", 5)
+        for c in range(9):  # merge weights in the K slots
+            yield ("write", KB(0, c), ("merge",), f"wg0 merge weights K0 cb{c}")
+
+    def wg1():
+        nq = 0
+        order = [4, 5, 6, 7, 8, 0, 1, 2, 3]
+        for k, n in enumerate(items):
+            tail = tails[k]
+            if n == 0:
+                yield from epilogue(1, k, ("init", k))
+                continue
+            q = [(("Q",), ("q", k))]
+            b0 = base[k]
+            yield ("wait", "q", nq & 1)
+            for c in order:
+                yield ("wait", FULL(1, c), b0 & 1)
+                yield ("gemm", q + [(KB(1, c), ("tile", 2 * b0 + 1, c))], f"wg1 item{k} prologue QK cb{c}")
+            yield ("wait_group", 0)
+            if n == 1:
+                yield ("arrive", "qe")
+            for it in range(n):
+                g = b0 + it
+                T1, ph, nxt = 2 * g + 1, g & 1, it + 1 < n
+                yield ("nb_sync", 1)
+                yield ("read", ("sM",), ("m0", g), f"wg1 {g} sM")
+                yield ("read", ("sSc0",), ("a0", g), f"wg1 {g} sSc0")
+                yield ("write", ("sM",), ("m1", g), "wg1 sM")
+                yield ("write", ("sSc1",), ("a1", g), "wg1 sSc1")
+                yield ("nb_arrive", 2)
+                yield ("write", ("P1",), ("P1", g), f"wg1 {g} sP1 store")
+                if not nxt and tail[1]:
+                    for c in range(4, 8):
+                        yield ("write", KB(1, c), ("tile", T1, c), f"wg1 {g} zero tail K1 cb{c}")
+                yield ("gemm", [(KB(1, c), ("tile", T1, c)) for c in range(4, 8)], f"wg1 {g} RS P1 V1R")
+                yield ("nb_sync", 3)
+                for c in range(4, 8):
+                    yield ("wait", FULL(0, c), ph)
+                if not nxt and tail[0]:
+                    for c in range(4, 8):
+                        yield ("write", KB(0, c), ("tile", T1 - 1, c), f"wg1 {g} zero tail K0 cb{c}")
+                yield ("gemm", [(KB(0, 8), ("P0", g))] + [(KB(0, c), ("tile", T1 - 1, c)) for c in range(4, 8)],
+                       f"wg1 {g} SS sP0 V0R")
+                yield ("nb_arrive", 4)
+                if nxt:
+                    yield ("wait_group", 1)
+                    yield ("arrive", EMPTY(1, 1))
+                    yield ("wait_group", 0)
+                    yield ("arrive", EMPTY(0, 1))
+                    for c in order:
+                        yield ("wait", FULL(1, c), ph ^ 1)
+                        yield ("gemm", q + [(KB(1, c), ("tile", T1 + 2, c))], f"wg1 {g} next QK cb{c}")
+                yield ("wait_group", 0)
+                if not nxt:
+                    yield ("arrive", EMPTY(1, 1))
+                    yield ("arrive", EMPTY(0, 1))
+                if it + 2 == n:
+                    yield ("arrive", "qe")
+            nq += 1
+            yield from epilogue(1, k, ("m1", b0 + n - 1))
+        yield ("nb_sync", 5)
+        for c in range(9):
+            yield ("write", KB(1, c), ("merge",), f"wg1 merge weights K1 cb{c}")
+
+    run({"tma": tma(), "q": q_loader(), "wg0": wg0(), "wg1": wg1()}, m, {1: 2, 2: 2, 3: 2, 4: 2, 5: 2})
+    for bkey in m.readers:
+        if m.readers[bkey]:
+            raise ModelError(f"block {bkey} still has in-flight readers at exit")
+
+
 # ----------------------------------------------------------------------------- narrow
 def narrow_model(ntiles: int, nslot: int, seed: int) -> None:
     """Transcription of dense_decode_narrow.cu's ring (producer warpgroup + consumer warpgroup; the 4
@@ -853,6 +1040,14 @@ def protocol_model(seeds: int = 40) -> list[str]:
                     seesaw_model(npairs, seed, tma=True, tail=tail)
                 except ModelError as exc:
                     problems.append(f"seesaw_tma npairs {npairs} tail {tail} seed {seed}: {exc}")
+                    break
+    for items in ((1,), (3,), (1, 1), (2, 0, 1), (0, 3, 2), (1, 2, 1, 0), (5, 1)):
+        for tails in ((False, False), (True, False), (False, True)):
+            for seed in range(seeds // 2):
+                try:
+                    balanced_model(list(items), seed, [tails] * len(items))
+                except ModelError as exc:
+                    problems.append(f"seesaw_bal items {items} tail {tails} seed {seed}: {exc}")
                     break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):

@@ -155,8 +155,9 @@ def test_grid_covers_the_axes():
 def test_layout_and_barrier_protocol_models():
     """tools/mla_dev_check.py's CPU models: every copy / descriptor / fragment of the seesaw and
     narrow kernels lands where the math expects, and the seesaw, seesaw_tma (half-tile barriers,
-    tail zeroing) and narrow barrier protocols run random interleavings without a hazard or a
-    deadlock."""
+    tail zeroing), seesaw_bal (items: K phases over the CTA's pairs, q / q_empty, sM reset, merge
+    weights after the last item) and narrow barrier protocols run random interleavings without a
+    hazard or a deadlock."""
     import importlib.util
     from pathlib import Path
 
