@@ -651,13 +651,32 @@ def run(agents: dict, machine: Machine, named_counts: dict, max_steps=2_000_000)
 
 # ----------------------------------------------------------------------------- seesaw
 def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False, False)) -> None:
-    """Transcription of dense_decode_seesaw.cu (one CTA, npairs >= 1 pairs, tiles 0 .. 2 npairs - 1):
-    producer warpgroup + two consumer warpgroups. Blocks: ('K', slot, cb) for the two slots' 9
-    channel blocks (('K', 0, 8) doubles as sP0), ('P1',), ('Q',), scalars ('sM',), ('sSc0',), ('sSc1',).
-    ``tma``: the MLA_TMA_K=1 build (one full barrier per half tile, completed when the half's
-    loads are done); ``tail``: (even, odd) tile of the last pair partly valid, so the consumers
-    zero its rows past the split's end in the V blocks they read (the writes must find no wgmma
-    group or load in flight on those blocks)."""
+    """The split grid's single work item of npairs >= 1 pairs (seesaw / seesaw_tma): see seesaw_items_model."""
+    seesaw_items_model([npairs], seed, tma=tma, tails=[tail], balanced=False)
+
+
+def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
+    """seesaw_bal (TMA, MLA_BALANCED=1) over one CTA's work items: see seesaw_items_model."""
+    seesaw_items_model(list(items), seed, tma=True, tails=tails, balanced=True)
+
+
+def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool) -> None:
+    """Transcription of dense_decode_seesaw.cu for one CTA: ``items`` = pairs per work item (0: an
+    empty request the CTA answers; the split grid has one item with >= 1 pair). Agents: the consumer
+    warpgroups WG0 / WG1 and the producer: with ``tma`` (MLA_TMA_K=1) the TMA thread (one full barrier
+    per half tile, completed when the half's loads landed) and the Q loaders (producer warps 1..3,
+    q / q_empty hand-off per item); else one cp.async producer warpgroup loading Q, then K (one full
+    barrier per channel block). Blocks: ('K', slot, cb) for the two slots' 9 channel blocks
+    (('K', 0, 8) doubles as sP0), ('P1',), ('Q',), scalars ('sM',), ('sSc0',), ('sSc1',).
+    ``tails[k]``: (even, odd) tile of item k's last pair partly valid, so the TMA build's consumers
+    zero its rows past the end in the V blocks they read (no wgmma group or load may be in flight on
+    them). ``balanced`` (MLA_BALANCED=1): K barrier phases run on over the CTA's pairs, every pair's
+    halves are released (also an item's last), sM is reset behind the epilogue barrier; the split
+    grid releases only halves that a later pair refills. Both end with the merge weights written into
+    the K slots, which must find no load or wgmma in flight."""
+    assert balanced or len(items) == 1, "the split grid has one work item"
+    assert tma or not balanced, "the balanced grid is built on the TMA producer"
+    tails = tails or [(False, False)] * len(items)
     m = Machine(random.Random(seed))
     for s_ in range(2):
         for c in range(9):
@@ -665,148 +684,13 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
         for h in range(2):
             m.init_mbar(("empty", s_, h), 1)  # 4 consumer warps modelled as one
     m.init_mbar("q", 1)
+    m.init_mbar("qe", 2)  # q_empty: one arrival per warpgroup here (8 warps in the kernel)
     FULL = (lambda s_, c: ("full", s_, 0 if c < 4 else 4)) if tma else (lambda s_, c: ("full", s_, c))  # noqa: E731
-    EMPTY = lambda s_, h: ("empty", s_, h)  # noqa: E731
-    KB = lambda s_, c: ("K", s_, c)  # noqa: E731
-    Q = [(("Q",), ("q",))]
-    m.mem[("sM",)] = ("init",)
-
-    def producer():
-        yield ("load", ("Q",), ("q",))
-        yield ("noinc", "q")
-
-        def fill(slot, c0, c1, tile):
-            for c in range(c0, c1):
-                yield ("load", KB(slot, c), ("tile", tile, c))
-                if not tma:
-                    yield ("noinc", FULL(slot, c))
-            if tma:  # one TMA per half: its barrier completes when every block of the half landed
-                yield ("noinc", FULL(slot, c0))
-
-        for it in range(npairs):
-            T0, pe = 2 * it, (it & 1) ^ 1
-            yield ("wait", EMPTY(0, 0), pe)
-            yield from fill(0, 0, 4, T0)
-            yield ("wait", EMPTY(1, 1), pe)
-            yield from fill(1, 4, 9, T0 + 1)
-            yield ("wait", EMPTY(0, 1), pe)
-            yield from fill(0, 4, 9, T0)
-            yield ("wait", EMPTY(1, 0), pe)
-            yield from fill(1, 0, 4, T0 + 1)
-
-    def wg0():
-        yield ("wait", "q", 0)
-        for c in range(9):
-            yield ("wait", FULL(0, c), 0)
-            yield ("gemm", Q + [(KB(0, c), ("tile", 0, c))], f"wg0 prologue QK cb{c}")
-        yield ("wait_group", 0)
-        for it in range(npairs):
-            T0, ph, nxt = 2 * it, it & 1, it + 1 < npairs
-            yield ("read", ("sM",), ("init",) if it == 0 else ("m1", it - 1), f"wg0 it{it} sM")
-            yield ("write", ("sM",), ("m0", it), "wg0 sM")
-            yield ("write", ("sSc0",), ("a0", it), "wg0 sSc0")
-            yield ("nb_arrive", 1)
-            if tma and not nxt and tail[0]:
-                for c in range(4):
-                    yield ("write", KB(0, c), ("tile", T0, c), f"wg0 it{it} zero tail rows K0 cb{c}")
-            yield ("gemm", [(KB(0, c), ("tile", T0, c)) for c in range(4)], f"wg0 it{it} RS P0 V0L")
-            yield ("wait_group", 0)
-            if nxt:
-                yield ("arrive", EMPTY(0, 0))
-            yield ("nb_sync", 2)
-            yield ("read", ("sSc1",), ("a1", it), f"wg0 it{it} sSc1")
-            yield ("write", KB(0, 8), ("P0", it), f"wg0 it{it} sP0 store")
-            yield ("nb_arrive", 3)
-            yield ("nb_sync", 4)
-            for c in range(4):
-                yield ("wait", FULL(1, c), ph)
-            if tma and not nxt and tail[1]:
-                for c in range(4):
-                    yield ("write", KB(1, c), ("tile", T0 + 1, c), f"wg0 it{it} zero tail rows K1 cb{c}")
-            yield ("gemm", [(("P1",), ("P1", it))] + [(KB(1, c), ("tile", T0 + 1, c)) for c in range(4)],
-                   f"wg0 it{it} SS sP1 V1L")
-            if nxt:
-                for c in range(4):
-                    yield ("wait", FULL(0, c), ph ^ 1)
-                    yield ("gemm", Q + [(KB(0, c), ("tile", T0 + 2, c))], f"wg0 it{it} next QK cb{c}")
-                yield ("wait_group", 4)
-                yield ("arrive", EMPTY(1, 0))
-                for c in range(4, 9):
-                    yield ("wait", FULL(0, c), ph ^ 1)
-                    yield ("gemm", Q + [(KB(0, c), ("tile", T0 + 2, c))], f"wg0 it{it} next QK cb{c}")
-            yield ("wait_group", 0)
-
-    def wg1():
-        yield ("wait", "q", 0)
-        order = [4, 5, 6, 7, 8, 0, 1, 2, 3]
-        for c in order:
-            yield ("wait", FULL(1, c), 0)
-            yield ("gemm", Q + [(KB(1, c), ("tile", 1, c))], f"wg1 prologue QK cb{c}")
-        yield ("wait_group", 0)
-        for it in range(npairs):
-            T1, ph, nxt = 2 * it + 1, it & 1, it + 1 < npairs
-            yield ("nb_sync", 1)
-            yield ("read", ("sM",), ("m0", it), f"wg1 it{it} sM")
-            yield ("read", ("sSc0",), ("a0", it), f"wg1 it{it} sSc0")
-            yield ("write", ("sM",), ("m1", it), "wg1 sM")
-            yield ("write", ("sSc1",), ("a1", it), "wg1 sSc1")
-            yield ("nb_arrive", 2)
-            yield ("write", ("P1",), ("P1", it), f"wg1 it{it} sP1 store")
-            if tma and not nxt and tail[1]:
-                for c in range(4, 8):
-                    yield ("write", KB(1, c), ("tile", T1, c), f"wg1 it{it} zero tail rows K1 cb{c}")
-            yield ("gemm", [(KB(1, c), ("tile", T1, c)) for c in range(4, 8)], f"wg1 it{it} RS P1 V1R")
-            yield ("nb_sync", 3)
-            for c in range(4, 8):
-                yield ("wait", FULL(0, c), ph)
-            if tma and not nxt and tail[0]:
-                for c in range(4, 8):
-                    yield ("write", KB(0, c), ("tile", T1 - 1, c), f"wg1 it{it} zero tail rows K0 cb{c}")
-            yield ("gemm", [(KB(0, 8), ("P0", it))] + [(KB(0, c), ("tile", T1 - 1, c)) for c in range(4, 8)],
-                   f"wg1 it{it} SS sP0 V0R")
-            yield ("nb_arrive", 4)
-            if nxt:
-                yield ("wait_group", 1)
-                yield ("arrive", EMPTY(1, 1))
-                yield ("wait_group", 0)
-                yield ("arrive", EMPTY(0, 1))
-                for c in order:
-                    yield ("wait", FULL(1, c), ph ^ 1)
-                    yield ("gemm", Q + [(KB(1, c), ("tile", T1 + 2, c))], f"wg1 it{it} next QK cb{c}")
-            yield ("wait_group", 0)
-
-    run({"producer": producer(), "wg0": wg0(), "wg1": wg1()}, m, {1: 2, 2: 2, 3: 2, 4: 2})
-    for bkey in m.readers:
-        if m.readers[bkey]:
-            raise ModelError(f"block {bkey} still has in-flight readers at exit")
-
-
-# ----------------------------------------------------------------------------- seesaw_bal
-def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
-    """Transcription of the balanced TMA seesaw (MLA_TMA_K=1, MLA_BALANCED=1) over one CTA's work
-    items: ``items`` = pairs per item (0: an empty request the CTA answers), ``tails[k]`` = (even, odd)
-    tile of item k's last pair partly valid. Agents: the TMA thread, the Q loaders (producer warps
-    1..3), the two consumer warpgroups. Checked: K barriers' phases running on over the CTA's pairs,
-    releases after every pair (also an item's last), the q / q_empty hand-off (the next item's Q must
-    not land while a Q K^T still reads the old one), sM reset between items behind the epilogue
-    barrier, and the merge weights written into the K slots after the last item with no load or
-    wgmma in flight."""
-    tails = tails or [(False, False)] * len(items)
-    m = Machine(random.Random(seed))
-    for s_ in range(2):
-        for c in range(9):
-            m.init_mbar(("full", s_, c), 1)
-        for h in range(2):
-            m.init_mbar(("empty", s_, h), 1)
-    m.init_mbar("q", 1)
-    m.init_mbar("qe", 1)  # 8 consumer warps modelled as one arrival per warpgroup pair: count 2 below
-    m.mbar["qe"] = [2, 2, 0]
-    FULL = lambda s_, c: ("full", s_, 0 if c < 4 else 4)  # noqa: E731
     EMPTY = lambda s_, h: ("empty", s_, h)  # noqa: E731
     KB = lambda s_, c: ("K", s_, c)  # noqa: E731
     m.mem[("sM",)] = ("init", 0)
     with_pairs = [k for k, n in enumerate(items) if n > 0]
-    base = [sum(items[:k]) for k in range(len(items))]  # global pair index of each item's first pair
+    base = [sum(items[:k]) for k in range(len(items))]  # the CTA's pair index of each item's first pair
 
     def q_loader():
         for nq, k in enumerate(with_pairs):
@@ -815,12 +699,17 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
             yield ("load", ("Q",), ("q", k))
             yield ("noinc", "q")
 
-    def tma():
+    def k_producer():
         def fill(slot, c0, c1, tile):
             for c in range(c0, c1):
                 yield ("load", KB(slot, c), ("tile", tile, c))
-            yield ("noinc", FULL(slot, c0))
+                if not tma:
+                    yield ("noinc", FULL(slot, c))
+            if tma:  # one TMA per half: its barrier completes when every block of the half landed
+                yield ("noinc", FULL(slot, c0))
 
+        if not tma:  # the cp.async producer warpgroup loads Q itself first
+            yield from q_loader()
         for k in with_pairs:
             for it in range(items[k]):
                 g = base[k] + it
@@ -837,9 +726,15 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
     def epilogue(wg, k, last_tag):
         yield ("nb_sync", 5)  # sum_rows_2wg
         yield ("read", ("sM",), last_tag, f"wg{wg} item{k} epilogue sM")
-        yield ("nb_sync", 5)  # every thread has read sM: reset
-        if wg == 0:
-            yield ("write", ("sM",), ("init", k + 1), f"wg0 item{k} sM reset")
+        if balanced:
+            yield ("nb_sync", 5)  # every thread has read sM: reset
+            if wg == 0:
+                yield ("write", ("sM",), ("init", k + 1), f"wg0 item{k} sM reset")
+
+    def merge_weights(wg):
+        yield ("nb_sync", 5)
+        for c in range(9):
+            yield ("write", KB(wg, c), ("merge",), f"wg{wg} merge weights K{wg} cb{c}")
 
     def wg0():
         nq = 0
@@ -864,12 +759,13 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
                 yield ("write", ("sM",), ("m0", g), "wg0 sM")
                 yield ("write", ("sSc0",), ("a0", g), "wg0 sSc0")
                 yield ("nb_arrive", 1)
-                if not nxt and tail[0]:
+                if tma and not nxt and tail[0]:
                     for c in range(4):
                         yield ("write", KB(0, c), ("tile", T0, c), f"wg0 {g} zero tail K0 cb{c}")
                 yield ("gemm", [(KB(0, c), ("tile", T0, c)) for c in range(4)], f"wg0 {g} RS P0 V0L")
                 yield ("wait_group", 0)
-                yield ("arrive", EMPTY(0, 0))
+                if balanced or nxt:
+                    yield ("arrive", EMPTY(0, 0))
                 yield ("nb_sync", 2)
                 yield ("read", ("sSc1",), ("a1", g), f"wg0 {g} sSc1")
                 yield ("write", KB(0, 8), ("P0", g), f"wg0 {g} sP0 store")
@@ -877,7 +773,7 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
                 yield ("nb_sync", 4)
                 for c in range(4):
                     yield ("wait", FULL(1, c), ph)
-                if not nxt and tail[1]:
+                if tma and not nxt and tail[1]:
                     for c in range(4):
                         yield ("write", KB(1, c), ("tile", T0 + 1, c), f"wg0 {g} zero tail K1 cb{c}")
                 yield ("gemm", [(("P1",), ("P1", g))] + [(KB(1, c), ("tile", T0 + 1, c)) for c in range(4)],
@@ -892,15 +788,13 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
                         yield ("wait", FULL(0, c), ph ^ 1)
                         yield ("gemm", q + [(KB(0, c), ("tile", T0 + 2, c))], f"wg0 {g} next QK cb{c}")
                 yield ("wait_group", 0)
-                if not nxt:
+                if balanced and not nxt:
                     yield ("arrive", EMPTY(1, 0))
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
             yield from epilogue(0, k, ("m1", b0 + n - 1))
-        yield ("nb_sync", 5)
-        for c in range(9):  # merge weights in the K slots
-            yield ("write", KB(0, c), ("merge",), f"wg0 merge weights K0 cb{c}")
+        yield from merge_weights(0)
 
     def wg1():
         nq = 0
@@ -929,14 +823,14 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
                 yield ("write", ("sSc1",), ("a1", g), "wg1 sSc1")
                 yield ("nb_arrive", 2)
                 yield ("write", ("P1",), ("P1", g), f"wg1 {g} sP1 store")
-                if not nxt and tail[1]:
+                if tma and not nxt and tail[1]:
                     for c in range(4, 8):
                         yield ("write", KB(1, c), ("tile", T1, c), f"wg1 {g} zero tail K1 cb{c}")
                 yield ("gemm", [(KB(1, c), ("tile", T1, c)) for c in range(4, 8)], f"wg1 {g} RS P1 V1R")
                 yield ("nb_sync", 3)
                 for c in range(4, 8):
                     yield ("wait", FULL(0, c), ph)
-                if not nxt and tail[0]:
+                if tma and not nxt and tail[0]:
                     for c in range(4, 8):
                         yield ("write", KB(0, c), ("tile", T1 - 1, c), f"wg1 {g} zero tail K0 cb{c}")
                 yield ("gemm", [(KB(0, 8), ("P0", g))] + [(KB(0, c), ("tile", T1 - 1, c)) for c in range(4, 8)],
@@ -951,18 +845,19 @@ def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
                         yield ("wait", FULL(1, c), ph ^ 1)
                         yield ("gemm", q + [(KB(1, c), ("tile", T1 + 2, c))], f"wg1 {g} next QK cb{c}")
                 yield ("wait_group", 0)
-                if not nxt:
+                if balanced and not nxt:
                     yield ("arrive", EMPTY(1, 1))
                     yield ("arrive", EMPTY(0, 1))
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
             yield from epilogue(1, k, ("m1", b0 + n - 1))
-        yield ("nb_sync", 5)
-        for c in range(9):
-            yield ("write", KB(1, c), ("merge",), f"wg1 merge weights K1 cb{c}")
+        yield from merge_weights(1)
 
-    run({"tma": tma(), "q": q_loader(), "wg0": wg0(), "wg1": wg1()}, m, {1: 2, 2: 2, 3: 2, 4: 2, 5: 2})
+    agents = {"producer": k_producer(), "wg0": wg0(), "wg1": wg1()}
+    if tma:
+        agents["q"] = q_loader()
+    run(agents, m, {1: 2, 2: 2, 3: 2, 4: 2, 5: 2})
     for bkey in m.readers:
         if m.readers[bkey]:
             raise ModelError(f"block {bkey} still has in-flight readers at exit")
