@@ -27,6 +27,9 @@ PAGE = 64
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mla-fp8-rows", nargs="*", default=None, help="MLA FP8 rows 'b,s_q,h_q,L' (default: the issue's table)")
+    p.add_argument("--mla-fp8-also", nargs="*", default=[], metavar="BACKEND",
+                   help="more FP8 routes forced in the same rows (e.g. seesaw_fp8 narrow16_fp8); rows they do not "
+                        "serve record the error")
 
 
 def _rows(args) -> list:
@@ -66,12 +69,14 @@ def _run_row(item, timer: Timer, args) -> dict:
     cur = (lambda: torch.cuda.current_stream()) if torch is not None else (lambda: None)  # noqa: E731
     res: dict = {}
     outs = {}
-    for name, cache, fp8, kvb in (("gqadrv_bf16", k, False, 1152), ("gqadrv_fp8", k8, True, 656)):
+    runs = [("gqadrv_bf16", k, False, 1152, None), ("gqadrv_fp8", k8, True, 656, None)]
+    runs += [(f"fp8:{be}", k8, True, 656, be) for be in getattr(args, "mla_fp8_also", None) or []]
+    for name, cache, fp8, kvb, be in runs:
         try:
             out = cp.empty((b, s_q, h_q, 512), q.dtype)
             lse = cp.empty((b, h_q, s_q), cp.float32)
             p = gqadrv.prepare_mla_decode(q, cache, bt, sl, out=out, lse=lse, causal=s_q > 1, is_fp8_kvcache=fp8,
-                                          stream=cur())
+                                          stream=cur(), backend=be)
             # the current stream at call time: a torch graph captures on its own side stream
             fn = lambda p=p: gqadrv.launch_prepared(p, cur())  # noqa: E731
             hot, cold = timer.hot(fn, torch is not None), timer.cold(fn)
@@ -82,10 +87,12 @@ def _run_row(item, timer: Timer, args) -> dict:
             outs[name] = out
         except Exception as exc:  # noqa: BLE001
             res[name] = {"error": repr(exc)[:300]}
-    if len(outs) == 2:
+    if "gqadrv_bf16" in outs:
         cp.cuda.Device().synchronize()
-        d = cp.abs(outs["gqadrv_fp8"].astype(cp.float32) - outs["gqadrv_bf16"].astype(cp.float32))
-        res["gqadrv_fp8"]["max_diff_vs_bf16"] = float(d.max())
+        for name, o in outs.items():
+            if name != "gqadrv_bf16":
+                d = cp.abs(o.astype(cp.float32) - outs["gqadrv_bf16"].astype(cp.float32))
+                res[name]["max_diff_vs_bf16"] = float(d.max())
     return {"shape": f"b{b} s_q{s_q} h_q{h_q} L{L}", "b": b, "s_q": s_q, "h_q": h_q, "L": L, "results": res}
 
 
@@ -116,6 +123,21 @@ def format_table(meta: dict, rows: list) -> str:
         out.append(f"| {r['shape']} | {f['hot_us']:.1f} | {f['hot_TFLOPS']:.0f} | {f['hot_TBps']:.2f} | {f['cold_us']:.1f} | "
                    f"{g['hot_us']:.1f} | {g['hot_TFLOPS']:.0f} | {g['hot_TBps']:.2f} | {g['cold_us']:.1f} | "
                    f"{xh:.2f} / {xc:.2f} | {f.get('max_diff_vs_bf16', float('nan')):.2e} | {f['route']} / {f['num_splits']} |")
+    also = sorted({n for r in rows for n in r["results"] if n.startswith("fp8:")})
+    if also:
+        out += ["", "Forced FP8 routes in the same rows (hot / cold us, x bf16 hot / cold, max abs vs bf16):", "",
+                "| row | " + " | ".join(n[4:] for n in also) + " |", "|---|" + "---|" * len(also)]
+        for r in rows:
+            res, cells = r["results"], []
+            g = res.get("gqadrv_bf16", {})
+            for n in also:
+                f = res.get(n, {})
+                if "error" in f or not f or "error" in g or not g:
+                    cells.append("error: " + str(f.get("error") or g.get("error"))[:60])
+                else:
+                    cells.append(f"{f['hot_us']:.1f} / {f['cold_us']:.1f} ({g['hot_us'] / f['hot_us']:.2f} / "
+                                 f"{g['cold_us'] / f['cold_us']:.2f}, {f.get('max_diff_vs_bf16', float('nan')):.1e})")
+            out.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
     return "\n".join(out + [""] + target_lines(rows))
 
 

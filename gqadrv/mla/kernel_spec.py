@@ -30,6 +30,9 @@ Variants (all read the same arguments, write the same outputs and merge splits i
   "narrow32"  the same with 32 rows per CTA (23-piece ring): 16 < M <= 32.
   "wgmma"     the original simple kernel (wgmma, MLA_MMA=1), any M; correct fallback.
   "mma"       the original kernel on mma.sync + ldmatrix (MLA_MMA=0); the only one for sm_100a.
+  "narrow16_fp8" sm_90a, tokens as wgmma M on the 656-byte FP8 cache for M <= 16: the two consumer
+              warpgroups convert the e4m3 codes straight into wgmma register fragments (f16, scales applied
+              after Q K^T per 128-channel block and folded into V), a bulk-copy producer warp.
   "seesaw_fp8" / "mma_fp8"  the seesaw / the mma.sync kernel on FlashMLA's 656-byte FP8 cache (MLA_FP8=1,
               bf16 q): K tiles dequantized to bf16 into the same shared-memory tiles (fp8_rows.cuh); the
               seesaw_fp8 default on sm_90a, mma_fp8 on sm_100a / sm_110a (compile-verified only there).
@@ -163,6 +166,11 @@ class KernelVariant:
         return d
 
 
+# FP8 narrow map (dense_decode_narrow_fp8.cu): Q f16 16 KB + Q RoPE 2 KB + P^T 2 x 2 KB + the stages
+# (64 token rows x 672 B) + red / ered / lred / qsc + 2 NARROW_FP8_STAGES mbarriers + ticket.
+NARROW_FP8_STAGES = 4
+_NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 672 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16
+NARROW_FP8_SMEM_BYTES = _NARROW_FP8_USED + 1024
 _N16, _N32 = _narrow_slots(16), _narrow_slots(32)
 KERNELS = {
     "seesaw": KernelVariant(
@@ -196,6 +204,11 @@ KERNELS = {
         _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32), ("MLA_TMA_K", 1)), ("sm_90a",), 32,
         "narrow32 with every piece loaded by TMA from one producer thread; pages of 64..256 tokens",
         tma_boxes=(1,)),
+    "narrow16_fp8": KernelVariant(
+        "narrow16_fp8", "mla/sm90/dense_decode_narrow_fp8.cu", "mla_dense_decode_narrow_fp8", 384, 16,
+        NARROW_FP8_SMEM_BYTES, (("MLA_NSTAGE", NARROW_FP8_STAGES),), ("sm_90a",), 16,
+        "tokens as wgmma M on the 656-byte FP8 cache: two consumer warpgroups dequantize the codes into wgmma "
+        "register fragments (no shared-memory tile of bf16), a bulk-copy producer warp; M <= 16", fp8=True),
     "seesaw_fp8": KernelVariant(
         "seesaw_fp8", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_fp8", 384, 64, SEESAW_SMEM_BYTES,
         (("MLA_FP8", 1),), ("sm_90a",), None,

@@ -204,7 +204,10 @@ def test_fp8_cache_routes():
     with pytest.raises(ValueError, match="bfloat16 q only"):
         kernel_spec.kernel("seesaw_fp8").defines("float16")
     fp8 = {v.name for v in routes.variants_for_arch("sm_90a") if v.family.fp8}
-    assert fp8 == {"mla_decode_seesaw_fp8_bfloat16", "mla_decode_mma_fp8_bfloat16"}
+    assert fp8 == {"mla_decode_seesaw_fp8_bfloat16", "mla_decode_mma_fp8_bfloat16", "mla_decode_narrow16_fp8_bfloat16"}
+    assert routes.select_variant((9, 0), "bfloat16", 16, "narrow16_fp8", False, fp8=True).family.name == "narrow16_fp8"
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        routes.select_variant((9, 0), "bfloat16", 17, "narrow16_fp8", False, fp8=True)
     assert {v.name for v in routes.variants_for_arch("sm_100a") if v.family.fp8} == {"mla_decode_mma_fp8_bfloat16"}
     assert all("fp8_kv" in f.features for f in routes.FAMILIES.values() if f.fp8)
 

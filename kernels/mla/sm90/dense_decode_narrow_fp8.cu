@@ -1,0 +1,683 @@
+// gqadrv — MLA dense decode on FlashMLA's 656-byte FP8 cache for few packed rows per KV head
+// (M = s_q * h_q / h_kv <= 16, e.g. h_q 16 s_q 1: the memory-bound regime), sm_90a. Tokens are the
+// wgmma M dimension (as dense_decode_narrow.cu) and the e4m3 codes are dequantized into wgmma
+// *register* A fragments by the consumer warpgroups themselves: nothing is written back to shared
+// memory, so an FP8 tile costs shared-memory reads of its 42 KB once per GEMM and no conversion
+// pass of a producer (the seesaw_fp8 design, whose producer warpgroup set its pace).
+//
+// Math      per 64-token tile, in a permuted but consistent order of tokens and channels:
+//             S^T[64 tok x 16] = sum_b s_b[tok] * (C_b[tok x 128] Qh_b^T) + R[tok x 64] Qr^T
+//                 C_b: the e4m3 codes of scale block b (channels 128b .. 128b + 127) as exact f16
+//                 (cvt.rn.f16x2.e4m3x2), Qh: q * 2^-e_n in f16 (e_n per query row n puts the row's
+//                 largest |q| in [2^14, 2^15): the conversion from bf16 is exact), R / Qr: the bf16
+//                 RoPE channels (Qr also * 2^-e_n). wgmma m64n16k16 RS, f16 x 4 blocks (8 k16
+//                 steps each, one accumulator set per block) + bf16 x 4 k16 steps; the logits are
+//                 S * softmax_scale * 2^e_n.
+//             O^T[512 x 16] += V'^T[512 x 64] P^T, V' = f16(code * f16(s_b[tok] * 2^(127 - c_b)))
+//                 c_b: the largest scale exponent of block b seen so far (per warpgroup; the
+//                 accumulators of block b are in units of 2^(c_b - 127) and are rescaled when c_b
+//                 grows), P in f16. wgmma m64n16k16 RS, 8 channel blocks x 4 k16 steps.
+//           With power-of-two scales (FlashMLA's quantizer) every product equals the one on the
+//           dequantized cache (bf16(code * s) is then exact); other scales are applied in fp32 / f16
+//           instead of through a bf16 rounding of each element (differences within that rounding).
+// Layout    a tile in shared memory: 64 rows of RS = 672 bytes (the 656-byte token rows as stored,
+//           16 bytes of padding: 672 = 32 mod 128 spreads rows over the banks). Logical token i of
+//           the GEMMs (wgmma row of S^T, k index of O^T) is smem row phi(i) = (i & ~3) | f(i), f(i) =
+//           ((i >> 1) & 3) ^ (2 (i & 1)), which makes both GEMMs' 16-byte fragment loads conflict-free.
+//           S^T: thread (w, g, t) of a warpgroup owns logical tokens 16w + g (+8); k16 step 4j + q of
+//           scale block j / 2 reads bytes 16 (4j + t) + 4q .. + 3 of its rows: codes (0, 1) are A
+//           columns (2t, 2t + 1), codes (2, 3) columns (2t + 8, 2t + 9) (Q is stored in that order).
+//           O^T: row r = 16w + g + 8h of channel block m is channel 16 (8w + g) + 2m + h, so a thread's
+//           16 channels are one 16-byte unit of each of its 16 tokens (16kk + 2t + {0, 1, 8, 9}) and
+//           all lie in scale block w; a byte permute pairs two tokens' codes of one channel.
+// CTA work  grid (S, h_kv, b) (16 rows: nmb = 1 for M <= 16): the tiles [ntiles * split / S,
+//           ntiles * (split + 1) / S) of (request, KV head), ntiles = ceil(key_len / 64).
+// Warps     288 threads: warpgroups 0 and 1 (warps 0..7) compute, warpgroup u the CTA's tiles
+//           u, u + 2, ... with its own running max / sums / O^T (merged at the end); warp 8 produces.
+// Smem map  (base rounded up to 1024 B)
+//           [0, 16 KB)       Qh: 8 blocks of 64 logical channels x 16 rows x 128 B, f16, 128B swizzle
+//           + 2 KB           Qr: 16 rows x 64 logical RoPE channels, bf16, 128B swizzle
+//           + 2 x 2 KB       P^T of each warpgroup: 16 rows x 64 logical tokens, f16, swizzled K-major
+//           + 4 x 42 KB      ring of NSTAGE tile stages (64 x 672 B)
+//           + red / ered / lred (per warpgroup and warp), qsc[16], mbarriers full / empty [NSTAGE], ticket
+//           epilogue: the ring holds warpgroup 1's O^T and statistics, then the output staging rows and
+//           the [16][S] merge weights.
+// Barriers  full[s] (count 1: the producer's arrive.expect_tx of the stage's valid rows x 656 bytes,
+//           completed by the bulk copies), empty[s] (count 4: each warp of the consuming warpgroup
+//           after its last shared-memory read of the stage). Named: 1 = both warpgroups (256: Q
+//           written; epilogue hand-off), 2 / 3 = warpgroup 0 / 1 (128: per tile, maxima written; P
+//           written; epilogue).
+// Pipeline  producer (warp 8): per tile k of the CTA, stage k % NSTAGE: wait empty (parity starts at
+//           1), lane 0 arrive.expect_tx, then lane l bulk-copies (cp.async.bulk, 656 B) token rows l
+//           and l + 32 when they are below the split's token end (rows past it are never read, nor
+//           their block-table entries); block-table entries of the next tile are read one tile ahead.
+//           consumer warpgroup u, tile k: wait full; S^T (4 x 8 f16 + 4 bf16 wgmmas issued in batches,
+//           at most two batches of fragments live); combine with the scales; softmax over the 64
+//           tokens (column max through red[] + barrier, with the scale exponents through ered[]);
+//           P^T -> smem (+ proxy fence, barrier); O^T in 4 k16 batches of 8 wgmmas; release the stage.
+// Masking   logits of keys >= the row's limit -> -1e33 (scaled, log2 domain), running max from -1e30;
+//           in the split's last tile the codes of rows >= tok_end are zeroed and their V' factor is 0
+//           (those rows hold stale bytes), and their scales never enter c_b.
+// Split     as dense_decode_narrow.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and
+//           {m, l}, takes the ticket, and the last CTA merges.
+#include "../../common/ptx.cuh"
+#include "../common/args.cuh"
+#include "../common/decode_util.cuh"
+#include "../common/sync.cuh"
+#include "../common/wgmma_ops.cuh"
+
+#if MLA_DT != 1
+#error "the FP8 narrow kernel takes bf16 q (MLA_DT=1)"
+#endif
+
+namespace mla {
+namespace nfp8 {
+constexpr int NQ = 16;
+constexpr int NACC = 8;   // fp32 accumulators per thread of one m64n16 result
+constexpr int NJ = 2;     // 8-column chunks of a result
+constexpr u32 ROW = 656;  // bytes of one token row in the cache
+constexpr u32 RS = 672;   // bytes of one token row in a stage
+constexpr u32 STAGE = 64 * RS;
+constexpr u32 SCALES_AT = 512, ROPE_AT = 528;
+#ifndef MLA_NSTAGE
+#define MLA_NSTAGE 4
+#endif
+constexpr int NSTAGE = MLA_NSTAGE;
+constexpr u32 QCB = (u32)NQ * 128u;  // one 64-channel block of Q (2 KB)
+constexpr u32 OFF_QH = 0;
+constexpr u32 OFF_QR = 8 * QCB;
+constexpr u32 OFF_P = OFF_QR + QCB;  // + u * QCB
+constexpr u32 OFF_RING = OFF_P + 2 * QCB;
+constexpr u32 OFF_RED = OFF_RING + NSTAGE * STAGE;  // red[2][4][NQ] f32
+constexpr u32 OFF_ERED = OFF_RED + 2 * 4 * NQ * 4;  // ered[2][4] u32
+constexpr u32 OFF_LRED = OFF_ERED + 2 * 4 * 4;      // lred[2][4][NQ] f32
+constexpr u32 OFF_QSC = OFF_LRED + 2 * 4 * NQ * 4;  // qsc[NQ] f32: 2^e_n
+constexpr u32 OFF_BAR = OFF_QSC + NQ * 4;           // full[NSTAGE], empty[NSTAGE]
+constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSTAGE);
+constexpr u32 SMEM_USED = OFF_TICKET + 16;
+constexpr int THREADS = 384;
+constexpr int BAR_ALL = 1;  // 256 consumer threads
+constexpr int BAR_WG0 = 2;  // + u: 128 threads of warpgroup u
+constexpr u32 STG_BF16 = 1024u + 16u;  // output staging row strides (bank spread)
+constexpr u32 STG_F32 = 2048u + 16u;
+constexpr u32 DUMP_O = 0;                      // warpgroup 1's O^T (fp32 [NQ][512]) in the ring
+constexpr u32 DUMP_ML = NQ * 512 * 4;          // its {m, L} per row
+static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the FP8 narrow smem map");
+static_assert(OFF_QR % 1024 == 0 && OFF_P % 1024 == 0 && OFF_RING % 1024 == 0, "swizzle atoms are 1 KB aligned");
+static_assert(NQ * STG_F32 <= NSTAGE * STAGE && DUMP_ML + NQ * 8 <= NSTAGE * STAGE, "epilogue staging fits the ring");
+static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSTAGE * STAGE, "merge weights must fit in the ring");
+static_assert(OFF_BAR % 8 == 0, "mbarriers are 8-byte aligned");
+
+GQADRV_DEVICE u32 full_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)s; }
+GQADRV_DEVICE u32 empty_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)(NSTAGE + s); }
+GQADRV_DEVICE u32 stage_addr(u32 sb, int s) { return sb + OFF_RING + (u32)s * STAGE; }
+// smem row of logical token i (header comment)
+GQADRV_DEVICE int phi(int i) { return (i & ~3) | (((i >> 1) & 3) ^ ((i & 1) << 1)); }
+
+GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// %tid.x (I = 3), %ctaid.x / y / z (I = 0, 1, 2), read again (volatile: never merged with an earlier
+// read, so no value is kept live across setmaxnreg).
+template <int I>
+GQADRV_DEVICE int sreg() {
+  int v;
+  if (I == 0) asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+  if (I == 1) asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+  if (I == 2) asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+  if (I == 3) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+// setmaxnreg budgets: 2 x 128 x 240 + 128 x 24 = 64512 = 384 x 168 (the launch allocation)
+constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
+static_assert(2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 384 * 168, "setmaxnreg budgets exceed the launch allocation");
+GQADRV_DEVICE void setmaxnreg_dec_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS)); }
+GQADRV_DEVICE void setmaxnreg_inc_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS)); }
+// Two e4m3 codes each of the two 16-bit halves of w -> two f16x2 (exact; NaN codes give NaN).
+GQADRV_DEVICE void e4m3x4_to_f16x2(u32 w, u32& lo, u32& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+GQADRV_DEVICE u32 hmul2(u32 a, u32 b) {
+  u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+GQADRV_DEVICE u32 vmax4(u32 a, u32 b) { return __vmaxu4(a, b); }
+// 2^k as a float for k <= 127 (subnormal down to 2^-149, 0 below).
+GQADRV_DEVICE float exp2i(int k) {
+  return k >= -126 ? __uint_as_float((u32)(k + 127) << 23) : (k >= -149 ? __uint_as_float(1u << (k + 149)) : 0.f);
+}
+
+// D (+)= A B, m64n16k16, A from registers (a0..a3), B from shared memory (K-major, 128B swizzle).
+template <int DT>
+GQADRV_DEVICE void wgmma_n16_rs(float (&d)[8], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, int scale_d) {
+#define MLA_NFP8_RS(TY)                                                                                       \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"                                                 \
+               " wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY                                       \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d))
+  if constexpr (DT == 1) {
+    MLA_NFP8_RS("bf16");
+  } else {
+    MLA_NFP8_RS("f16");
+  }
+#undef MLA_NFP8_RS
+}
+
+// S^T, half jj (0, 1) of every scale block b: 16-byte unit 4 (2b + jj) + t of the thread's two rows
+// (r0, r1: smem row addresses) = 4 k16 steps of block b; 4 independent accumulator chains of 4.
+GQADRV_DEVICE void qk_half(float (&sacc)[4][NACC], u32 r0, u32 r1, u32 qh, int jj, int t) {
+  u32 fr[4][4][4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const int j = 2 * b + jj;
+    const U32x4 c = lds_u32x4(r0 + 16u * (u32)(4 * j + t));
+    const U32x4 d = lds_u32x4(r1 + 16u * (u32)(4 * j + t));
+    const u32 cw[4] = {c.x, c.y, c.z, c.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      e4m3x4_to_f16x2(cw[q], fr[b][q][0], fr[b][q][2]);
+      e4m3x4_to_f16x2(dw[q], fr[b][q][1], fr[b][q][3]);
+    }
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const u64 db = wgmma_desc_sw128(qh + (u32)(2 * b + jj) * QCB, 16, 1024);
+      wgmma_n16_rs<0>(sacc[b], fr[b][q][0], fr[b][q][1], fr[b][q][2], fr[b][q][3], db + (u64)(q * 2),
+                      (jj == 0 && q == 0) ? 0 : 1);
+    }
+}
+// S^T of the RoPE channels (4 k16 steps, bf16 as stored).
+GQADRV_DEVICE void qk_rope(float (&r_acc)[NACC], u32 r0, u32 r1, u32 qr, int t) {
+  const U32x4 c0 = lds_u32x4(r0 + ROPE_AT + 32u * (u32)t), c1 = lds_u32x4(r0 + ROPE_AT + 32u * (u32)t + 16u);
+  const U32x4 d0 = lds_u32x4(r1 + ROPE_AT + 32u * (u32)t), d1 = lds_u32x4(r1 + ROPE_AT + 32u * (u32)t + 16u);
+  wgmma_fence();
+  const u64 db = wgmma_desc_sw128(qr, 16, 1024);
+  wgmma_n16_rs<1>(r_acc, c0.x, d0.x, c0.y, d0.y, db, 0);
+  wgmma_n16_rs<1>(r_acc, c0.z, d0.z, c0.w, d0.w, db + 2, 1);
+  wgmma_n16_rs<1>(r_acc, c1.x, d1.x, c1.y, d1.y, db + 4, 1);
+  wgmma_n16_rs<1>(r_acc, c1.z, d1.z, c1.w, d1.w, db + 6, 1);
+}
+// O^T += V'^T P^T for k16 step kk: the thread's 4 tokens' 16-byte units x (codes), their V' factors
+// as f16x2 pairs fa (tokens 0, 1) / fb (tokens 2, 3).
+GQADRV_DEVICE void pv_step(float (&ot)[8][NACC], const U32x4 (&x)[4], u32 fa, u32 fb, u64 dp) {
+  u32 fr[8][4];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const int wi = m >> 1;
+    const u32 sel = (m & 1) ? 0x7362u : 0x5140u;
+    const u32 w0 = wi == 0 ? x[0].x : wi == 1 ? x[0].y : wi == 2 ? x[0].z : x[0].w;
+    const u32 w1 = wi == 0 ? x[1].x : wi == 1 ? x[1].y : wi == 2 ? x[1].z : x[1].w;
+    const u32 w2 = wi == 0 ? x[2].x : wi == 1 ? x[2].y : wi == 2 ? x[2].z : x[2].w;
+    const u32 w3 = wi == 0 ? x[3].x : wi == 1 ? x[3].y : wi == 2 ? x[3].z : x[3].w;
+    u32 lo, hi;
+    e4m3x4_to_f16x2(__byte_perm(w0, w1, sel), lo, hi);
+    fr[m][0] = hmul2(lo, fa);
+    fr[m][1] = hmul2(hi, fa);
+    e4m3x4_to_f16x2(__byte_perm(w2, w3, sel), lo, hi);
+    fr[m][2] = hmul2(lo, fb);
+    fr[m][3] = hmul2(hi, fb);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int m = 0; m < 8; ++m) wgmma_n16_rs<0>(ot[m], fr[m][0], fr[m][1], fr[m][2], fr[m][3], dp, 1);
+  wgmma_commit();
+}
+
+}  // namespace nfp8
+}  // namespace mla
+
+extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
+    mla_dense_decode_narrow_fp8(const __grid_constant__ MlaDecodeArgs a) {
+  using namespace mla;
+  using namespace mla::nfp8;
+  {  // barrier initialisation (nothing computed here stays live across setmaxnreg: it would be spilled)
+    u8* smem0;
+    const int tid0 = sreg<3>();
+    const u32 sb0 = aligned_dynamic_smem(smem0, SMEM_USED, tid0);
+    if (tid0 == 0) {
+#pragma unroll 1
+      for (int i = 0; i < NSTAGE; ++i) {
+        mbar_init(full_bar(sb0, i), 4);   // one arrival (with its bytes) per producer warp
+        mbar_init(empty_bar(sb0, i), 4);  // one per warp of the consuming warpgroup
+      }
+      fence_mbarrier_init();
+    }
+  }
+  __syncthreads();  // barriers initialised
+  // block geometry, derived after setmaxnreg in each role (the two paths never merge again: ptxas
+  // then allocates each role's registers under its own budget); M <= NQ: one row block, row0 = 0;
+  // pdl_wait is a no-op unless launched with programmatic stream serialization
+#define NFP8_GEOMETRY()  \
+  const int tid = threadIdx.x; \
+  u8* smem; \
+  const u32 sb = aligned_dynamic_smem(smem, SMEM_USED, tid); \
+  const int lane = tid & 31, warp = tid >> 5; \
+  const int S = a.num_splits, split = sreg<0>(); \
+  const int kvh = sreg<1>(), b = sreg<2>(); \
+  const int M = a.m_rows; \
+  pdl_wait(); \
+  const int len = clamped_len(a, b); \
+  const int key_len = row_key_limit(a, len, M - 1); \
+  const int ntiles = (key_len + 63) >> 6; \
+  const int t_beg = split_point(ntiles, split, S), t_end = split_point(ntiles, split + 1, S); \
+  const int tok_end = min(key_len, t_end * 64); \
+  const int nt = t_end - t_beg; \
+  const i32* bt_row = a.block_table + (long long)b * a.bt_stride
+  if (sreg<3>() >= 256) {
+    setmaxnreg_dec_producer();
+    NFP8_GEOMETRY();
+    // ===================================================================== producer warpgroup
+    // warp pw copies rows 16 pw .. 16 pw + 15 of every tile (lane l < 16: row 16 pw + l, one bulk copy
+    // of 656 bytes); its block-table entries are read one tile ahead
+    const int pw = warp - 8;
+    const int r = 16 * pw + (lane & 15);
+    auto blk_at = [&](int tile) { return tile * 64 + r < tok_end ? bt_row[(tile * 64 + r) >> a.page_shift] : 0; };
+    int blk = nt > 0 ? blk_at(t_beg) : 0;
+#pragma unroll 1
+    for (int k = 0; k < nt; ++k) {
+      const int tile = t_beg + k, s = k % NSTAGE;
+      const int nxt = k + 1 < nt ? blk_at(tile + 1) : 0;
+      const int nvw = min(max(tok_end - tile * 64 - 16 * pw, 0), 16);  // valid rows of this warp
+      mbar_wait_wd(empty_bar(sb, s), (u32)((k / NSTAGE) & 1) ^ 1u);
+      if (lane == 0) mbar_arrive_expect_tx(full_bar(sb, s), (u32)nvw * ROW);
+      __syncwarp();
+      if (lane < nvw) {
+        const int tok = tile * 64 + r;
+        const u8* src = reinterpret_cast<const u8*>(a.k_cache + (long long)blk * a.k_stride_block +
+                                                    (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
+                                                    (long long)kvh * a.k_stride_head);
+        bulk_g2s(stage_addr(sb, s) + (u32)r * RS, src, ROW, full_bar(sb, s));
+      }
+      blk = nxt;
+    }
+    return;
+  }
+  setmaxnreg_inc_consumer();
+  NFP8_GEOMETRY();
+
+  // ========================================================================= consumer warpgroups
+  const int u = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
+  const int ctid = tid & 127;  // thread within the warpgroup
+  float ot[8][NACC];
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) ot[m][i] = 0.f;
+  float m_run[NJ][2], l_run[NJ][2];
+  int lim[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m_run[j][e] = M_INIT;
+      l_run[j][e] = 0.f;
+      lim[j][e] = min(row_key_limit(a, len, 8 * j + 2 * t + e), tok_end);
+    }
+  const int lim_min = min(row_key_limit(a, len, 0), tok_end);
+  int c_run = 0;  // scale exponent of this warp's channel block (w), biased as in float
+  float* red = reinterpret_cast<float*>(smem + OFF_RED) + u * 4 * NQ;
+  u32* ered = reinterpret_cast<u32*>(smem + OFF_ERED) + u * 4;
+  float* qsc = reinterpret_cast<float*>(smem + OFF_QSC);
+  const int bar_wg = BAR_WG0 + u;
+
+  if (nt > 0) {
+    {  // Q: row n = tid / 16 (256 threads, 16 rows), 32 latent channels [32 k, 32 k + 32) and 4 RoPE
+       // channels [4 k, 4 k + 4) per thread, k = tid % 16; rows >= M are zero
+      const int n = tid >> 4, k = tid & 15;
+      U32x4 v[4] = {};
+      u32 rv[2] = {0u, 0u};
+      if (n < M) {
+        const u16* src = q_row_ptr(a, b, kvh, n);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const U32x4*>(src + 32 * k + 8 * i);
+        const u32* rp = reinterpret_cast<const u32*>(src + 512 + 4 * k);
+        rv[0] = rp[0];
+        rv[1] = rp[1];
+      }
+      float mx = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 ww[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int z = 0; z < 4; ++z) {
+          float lo, hi;
+          unpack2<1>(ww[z], lo, hi);
+          mx = fmaxf(mx, fmaxf(fabsf(lo), fabsf(hi)));
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // 2^-e with the largest |q| of the row in [2^14, 2^15) after scaling (1 for a zero / NaN row)
+      const int E = (int)((__float_as_uint(mx) >> 23) & 0xffu);
+      const int sh = (mx > 0.f && E < 255) ? max(E - 141, -126) : 0;  // e_n
+      const float down = exp2i(-sh);
+      if (k == 0) qsc[n] = exp2i(sh);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 ww[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int z = 0; z < 4; ++z) {
+          const int p = 32 * k + 8 * i + 2 * z;  // physical channel pair (p, p + 1), p even
+          const int c = p >> 4, r = p & 15, jq = c >> 2, tt = c & 3, q = r >> 2, rr = r & 3;
+          const int L = 16 * (4 * jq + q) + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);  // logical
+          float lo, hi;
+          unpack2<1>(ww[z], lo, hi);
+          const u32 h2 = pack2<0>(lo * down, hi * down);
+          sts_u32(sb + OFF_QH + (u32)(L >> 6) * QCB + swz(n, (L & 63) >> 3) + 2u * (u32)(L & 7), h2);
+        }
+      }
+#pragma unroll
+      for (int z = 0; z < 2; ++z) {
+        const int c = 4 * k + 2 * z;  // physical RoPE channel pair, c = 16 tt + 4 q + rr
+        const int tt = c >> 4, q = (c >> 2) & 3, rr = c & 3;
+        const int L = 16 * q + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);
+        float lo, hi;
+        unpack2<1>(rv[z], lo, hi);
+        sts_u32(sb + OFF_QR + swz(n, L >> 3) + 2u * (u32)(L & 7), pack2<1>(lo * down, hi * down));
+      }
+      fence_proxy_async_smem();  // generic writes of Q before the wgmmas read them
+      named_bar_sync(BAR_ALL, 256);
+    }
+    float sc[NJ][2];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sc[j][e] = a.scale_log2 * qsc[8 * j + 2 * t + e];
+
+    const u32 p_base = sb + OFF_P + (u32)u * QCB;
+    const u64 dp0 = wgmma_desc_sw128(p_base, 16, 1024);
+    const int i0 = 16 * w + g;  // logical tokens i0, i0 + 8 of S^T
+    const int rho0 = phi(i0), rho1 = phi(i0 + 8);
+    float sacc[4][NACC], racc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) {
+      racc[i] = 0.f;
+#pragma unroll
+      for (int bb = 0; bb < 4; ++bb) sacc[bb][i] = 0.f;
+    }
+#pragma unroll
+    for (int bb = 0; bb < 4; ++bb) reg_fence(sacc[bb]);
+    reg_fence(racc);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+
+#pragma unroll 1
+    for (int k = u; k < nt; k += 2) {
+      const int tile = t_beg + k, s = k % NSTAGE;
+      mbar_wait_wd(full_bar(sb, s), (u32)((k / NSTAGE) & 1));
+      const u32 st = stage_addr(sb, s);
+      const u32 r0 = st + (u32)rho0 * RS, r1 = st + (u32)rho1 * RS;
+      const int nvalid = tok_end - tile * 64;  // rows >= nvalid hold stale bytes (last tile only)
+
+      // ---- S^T: four scale blocks (at most two batches of fragments live) and the RoPE channels
+      qk_half(sacc, r0, r1, sb + OFF_QH, 0, t);
+      wgmma_commit();
+      wgmma_wait<0>();
+      qk_half(sacc, r0, r1, sb + OFF_QH, 1, t);
+      qk_rope(racc, r0, r1, sb + OFF_QR, t);
+      wgmma_commit();
+      float s0[4], s1[4];
+      lds_f32x4(r0 + SCALES_AT, s0[0], s0[1], s0[2], s0[3]);
+      lds_f32x4(r1 + SCALES_AT, s1[0], s1[1], s1[2], s1[3]);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int bb = 0; bb < 4; ++bb) reg_fence(sacc[bb]);
+      reg_fence(racc);
+#pragma unroll
+      for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+
+      // ---- softmax over the 64 tokens, per query row (column of S^T)
+      const int pos0 = tile * 64 + rho0, pos1 = tile * 64 + rho1;  // key positions of rows i0, i0 + 8
+      const bool need_mask = (tile + 1) * 64 > lim_min;
+      float x[NJ][2][2];  // [j][e][h]
+      float mx[NJ][2];
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = 4 * j + 2 * h + e;
+            const float* sv = h ? s1 : s0;
+            const float v = (racc[i] + sv[0] * sacc[0][i] + sv[1] * sacc[1][i] + sv[2] * sacc[2][i] +
+                             sv[3] * sacc[3][i]) * sc[j][e];
+            x[j][e][h] = (need_mask && (h ? pos1 : pos0) >= lim[j][e]) ? MASKED : v;
+          }
+          float mm = fmaxf(x[j][e][0], x[j][e][1]);
+          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
+          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
+          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
+          mx[j][e] = mm;
+        }
+      // scale exponents of the valid rows, 8 bits per block
+      u32 ex = 0u;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if ((h ? pos1 : pos0) < tok_end) {
+          const float* sv = h ? s1 : s0;
+          u32 e4 = 0u;
+#pragma unroll
+          for (int bb = 0; bb < 4; ++bb) e4 |= ((__float_as_uint(sv[bb]) >> 23) & 0xffu) << (8 * bb);
+          ex = vmax4(ex, e4);
+        }
+      }
+      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 4));
+      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 8));
+      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 16));
+      if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) red[w * NQ + 8 * j + 2 * t + e] = mx[j][e];
+      }
+      if (lane == 0) ered[w] = ex;
+      named_bar_sync(bar_wg, 128);
+      if (nvalid < 64) {  // the split's last tile: rows >= nvalid hold stale bytes; zero their codes and
+                          // scales (every S^T read of the stage is done) so that O^T reads zeros there
+#pragma unroll 1
+        for (int i = ctid; i < (64 - nvalid) * 33; i += 128)
+          sts_zero16(st + (u32)(nvalid + i / 33) * RS + 16u * (u32)(i % 33));
+      }
+      const u32 exw = vmax4(vmax4(ered[0], ered[1]), vmax4(ered[2], ered[3]));
+      const int c_new = max(c_run, min((int)((exw >> (8 * w)) & 0xffu), 253));
+      const float beta = exp2i(c_run - c_new);
+      c_run = c_new;
+      const float vnorm = exp2i(127 - c_new);  // V' factor: s * 2^(127 - c_w)
+      float alpha[NJ][2];
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = 8 * j + 2 * t + e;
+          const float mt = fmaxf(fmaxf(red[n], red[NQ + n]), fmaxf(red[2 * NQ + n], red[3 * NQ + n]));
+          const float mn = fmaxf(m_run[j][e], mt);
+          alpha[j][e] = fast_exp2(m_run[j][e] - mn);
+          m_run[j][e] = mn;
+          const float p0 = fast_exp2(x[j][e][0] - mn), p1 = fast_exp2(x[j][e][1] - mn);
+          l_run[j][e] = l_run[j][e] * alpha[j][e] + (p0 + p1);
+          sts_u16(p_base + swz(n, i0 >> 3) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p0, 0.f) & 0xffffu));
+          sts_u16(p_base + swz(n, (i0 >> 3) + 1) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p1, 0.f) & 0xffffu));
+        }
+      bool rescale = beta != 1.f;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) rescale |= alpha[j][e] != 1.f;
+      if (__any_sync(0xffffffffu, rescale)) {  // most tiles leave every running max and c_w unchanged
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+          for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              ot[m][4 * j + e] *= alpha[j][e] * beta;
+              ot[m][4 * j + 2 + e] *= alpha[j][e] * beta;
+            }
+      }
+      fence_proxy_async_smem();
+      named_bar_sync(bar_wg, 128);  // P complete; red[] / ered[] read before the next tile's writes
+
+      // ---- O^T += V'^T P^T in 4 k16 steps; the stage is released after its last read
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        U32x4 xv[4];
+        float f[4];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int rv = phi(16 * kk + 2 * t + (v & 1) + 8 * (v >> 1));  // tokens 2t, 2t + 1, 2t + 8, 2t + 9
+          const u32 ra = st + (u32)rv * RS;
+          xv[v] = lds_u32x4(ra + 16u * (u32)(8 * w + g));
+          f[v] = lds_f32(ra + SCALES_AT + 4u * (u32)w) * vnorm;
+        }
+        if (kk == 3) {  // the warp's last read of the stage
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(sb, s));
+        }
+        pv_step(ot, xv, pack2<0>(f[0], f[1]), pack2<0>(f[2], f[3]), dp0 + (u64)(kk * 2));
+        if (kk >= 1) wgmma_wait<1>();
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < 8; ++m) reg_fence(ot[m]);
+  }
+  pdl_launch_dependents();
+
+  // ---- per warpgroup: row sums over the 8 lanes g and the 4 warps; O^T to true units
+  float* lred = reinterpret_cast<float*>(smem + OFF_LRED) + u * 4 * NQ;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      if (g == 0) lred[w * NQ + 8 * j + 2 * t + e] = l;
+    }
+  {
+    const float unit = exp2i(c_run - 127);
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) ot[m][i] *= unit;
+  }
+  named_bar_sync(BAR_ALL, 256);  // lred of both warpgroups; the ring is idle (every stage consumed)
+  float Lr[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+      Lr[j][e] = lred[n] + lred[NQ + n] + lred[2 * NQ + n] + lred[3 * NQ + n];
+    }
+  const u32 ring = sb + OFF_RING;
+  // O^T element (m, i) of thread (w, g, t): channel 16 (8w + g) + 2m + h, row 8j + 2t + e
+  if (u == 1) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * t + e;
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            sts_f32(ring + DUMP_O + 4u * (u32)(n * 512 + 16 * (8 * w + g) + 2 * m + h), ot[m][4 * j + 2 * h + e]);
+        if (w == 0 && g == 0) sts_f32x2(ring + DUMP_ML + 8u * (u32)n, m_run[j][e], Lr[j][e]);
+      }
+  }
+  named_bar_sync(BAR_ALL, 256);
+  if (u == 1) return;
+
+  // ---- warpgroup 0 merges warpgroup 1's state into its own
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+      float m1, L1;
+      m1 = lds_f32(ring + DUMP_ML + 8u * (u32)n);
+      L1 = lds_f32(ring + DUMP_ML + 8u * (u32)n + 4u);
+      const float mm = fmaxf(m_run[j][e], m1);
+      const float w0 = fast_exp2(m_run[j][e] - mm), w1 = fast_exp2(m1 - mm);
+      m_run[j][e] = mm;
+      Lr[j][e] = Lr[j][e] * w0 + L1 * w1;
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float o1 = lds_f32(ring + DUMP_O + 4u * (u32)(n * 512 + 16 * (8 * w + g) + 2 * m + h));
+          ot[m][4 * j + 2 * h + e] = ot[m][4 * j + 2 * h + e] * w0 + o1 * w1;
+        }
+    }
+  named_bar_sync(BAR_WG0, 128);  // the dump is read: the ring may be overwritten
+  const int rows = M < NQ ? M : NQ;
+  const u32 stg = ring;
+
+  if (S == 1) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * t + e;
+        const float inv = Lr[j][e] > 0.f ? 1.f / Lr[j][e] : 0.f;
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int ch = 16 * (8 * w + g) + 2 * m + h;
+            sts_u16(stg + (u32)n * STG_BF16 + 2u * (u32)ch, (u16)(pack2<1>(ot[m][4 * j + 2 * h + e] * inv, 0.f) & 0xffffu));
+          }
+        if (w == 0 && g == 0 && n < rows) store_row_stats(a, lse_ptr(a, b, kvh, n), Lr[j][e], m_run[j][e]);
+      }
+    named_bar_sync(BAR_WG0, 128);
+    for (int item = ctid; item < rows * 64; item += 128) {
+      const int r = item >> 6, c = (item & 63) * 8;
+      *reinterpret_cast<U32x4*>(out_row_ptr(a, b, kvh, r) + c) = lds_u32x4(stg + (u32)r * STG_BF16 + 2u * (u32)c);
+    }
+    return;
+  }
+
+  // ---- split > 1: fp32 partial (written even when empty) and {m, l}, then the ticket
+  const long long unit = (long long)b * a.h_kv + kvh;  // nmb == 1
+  const long long slot0 = (unit * S + split) * NQ;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ch = 16 * (8 * w + g) + 2 * m + h;
+          sts_f32(stg + (u32)n * STG_F32 + 4u * (u32)ch, ot[m][4 * j + 2 * h + e]);
+        }
+      if (w == 0 && g == 0 && n < rows)
+        *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + n)) = F32x2{m_run[j][e], Lr[j][e]};
+    }
+  named_bar_sync(BAR_WG0, 128);
+  for (int item = ctid; item < rows * 128; item += 128) {
+    const int r = item >> 7, c = (item & 127) * 4;
+    float v0, v1, v2, v3;
+    lds_f32x4(stg + (u32)r * STG_F32 + 4u * (u32)c, v0, v1, v2, v3);
+    float* dst = a.ws_o + (slot0 + r) * MLA_D_V + c;
+    *reinterpret_cast<F32x2*>(dst) = F32x2{v0, v1};
+    *reinterpret_cast<F32x2*>(dst + 2) = F32x2{v2, v3};
+  }
+  if (!last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), S, ctid,
+                      [] { named_bar_sync(BAR_WG0, 128); }))
+    return;
+  merge_partials<NQ, 128, 1>(a, reinterpret_cast<float*>(smem + OFF_RING), unit, S, b, kvh, 0, rows, ctid,
+                             [] { named_bar_sync(BAR_WG0, 128); });
+}
