@@ -19,8 +19,11 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
   where wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90
   when forced (``backend="mma"``), which is how the H200 tests cover its code.
 * ``seesaw_fp8`` / ``mma_fp8``: the same two kernels on FlashMLA's 656-byte FP8 cache
-  (``is_fp8_kvcache=True``, bf16 q): seesaw_fp8 on sm_90 for every page size, mma_fp8 on sm_100 /
-  sm_110 (compile-verified only) and, when forced, on sm_90.
+  (``is_fp8_kvcache=True``, bf16 q): seesaw_fp8 on sm_90 for every page size when M > 16, mma_fp8 on
+  sm_100 / sm_110 (compile-verified only) and, when forced, on sm_90.
+* ``narrow16_fp8`` (sm_90a): the FP8 cache with tokens as the wgmma M dimension, the e4m3 codes
+  dequantized into wgmma register fragments by the consumers; the default on sm_90 for M <= 16 packed
+  rows (e.g. h_q 16 s_q 1, and the sparse decode at those head counts).
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     if fp8:
         if forced in (None, "auto"):
             name = native + "_fp8"
+            if name == "seesaw_fp8" and m_rows <= FAMILIES["narrow16_fp8"].max_rows:
+                name = "narrow16_fp8"  # memory-bound rows: 1.3-1.4x our bf16 decode, 2.6x seesaw_fp8 (MLA.md)
         elif not FAMILIES[name].fp8:
             fp8_names = sorted(n for n, f in FAMILIES.items() if f.fp8)
             raise ValueError(f"MLA backend {name!r} reads bf16 / fp16 caches; with is_fp8_kvcache=True use 'auto' or "

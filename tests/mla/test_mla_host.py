@@ -189,11 +189,14 @@ def test_launch_parts_of_a_cp_async_route():
 
 
 def test_fp8_cache_routes():
-    """is_fp8_kvcache=True routes to the FP8 builds (seesaw_fp8 on sm_90, mma_fp8 on sm_100 / sm_110),
+    """is_fp8_kvcache=True routes to the FP8 builds (narrow16_fp8 for M <= 16 and seesaw_fp8 above on sm_90,
+    mma_fp8 on sm_100 / sm_110),
     FP8 and bf16 backends never cross, and the FP8 families build for bf16 q only."""
     from gqadrv.mla import kernel_spec, routes
 
-    assert routes.select_variant((9, 0), "bfloat16", 16, None, True, fp8=True).family.name == "seesaw_fp8"
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, True, fp8=True).family.name == "narrow16_fp8"
+    assert routes.select_variant((9, 0), "bfloat16", 17, None, True, fp8=True).family.name == "seesaw_fp8"
+    assert routes.select_variant((9, 0), "bfloat16", 16, "seesaw_fp8", True, fp8=True).family.name == "seesaw_fp8"
     assert routes.select_variant((10, 0), "bfloat16", 128, "auto", False, fp8=True).family.name == "mma_fp8"
     assert routes.select_variant((11, 0), "bfloat16", 1, None, False, fp8=True).family.name == "mma_fp8"
     assert routes.select_variant((9, 0), "bfloat16", 64, "mma_fp8", False, fp8=True).family.name == "mma_fp8"

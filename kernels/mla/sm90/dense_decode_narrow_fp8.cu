@@ -76,7 +76,7 @@ constexpr int NQ = 16;
 constexpr int NACC = 8;   // fp32 accumulators per thread of one m64n16 result
 constexpr int NJ = 2;     // 8-column chunks of a result
 constexpr u32 ROW = 656;  // bytes of one token row in the cache
-constexpr u32 RS = 672;   // bytes of one token row in a stage
+constexpr u32 RS = ROW;   // bytes of one token row in a stage (dense: whole runs of rows copy at once)
 constexpr u32 STAGE = 64 * RS;
 constexpr u32 SCALES_AT = 512, ROPE_AT = 528;
 #ifndef MLA_NSTAGE
@@ -111,8 +111,6 @@ static_assert(OFF_BAR % 8 == 0, "mbarriers are 8-byte aligned");
 GQADRV_DEVICE u32 full_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)s; }
 GQADRV_DEVICE u32 empty_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)(NSTAGE + s); }
 GQADRV_DEVICE u32 stage_addr(u32 sb, int s) { return sb + OFF_RING + (u32)s * STAGE; }
-// smem row of logical token i (header comment)
-GQADRV_DEVICE int phi(int i) { return (i & ~3) | (((i >> 1) & 3) ^ ((i & 1) << 1)); }
 
 GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
@@ -169,15 +167,15 @@ GQADRV_DEVICE void wgmma_n16_rs(float (&d)[8], u32 a0, u32 a1, u32 a2, u32 a3, u
 #undef MLA_NFP8_RS
 }
 
-// S^T, half jj (0, 1) of every scale block b: 16-byte unit 4 (2b + jj) + t of the thread's two rows
+// S^T, half jj (0, 1) of every scale block b: 16-byte unit 8b + jj + 2t of the thread's two rows
 // (r0, r1: smem row addresses) = 4 k16 steps of block b; 4 independent accumulator chains of 4.
 GQADRV_DEVICE void qk_half(float (&sacc)[4][NACC], u32 r0, u32 r1, u32 qh, int jj, int t) {
   u32 fr[4][4][4];
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
-    const int j = 2 * b + jj;
-    const U32x4 c = lds_u32x4(r0 + 16u * (u32)(4 * j + t));
-    const U32x4 d = lds_u32x4(r1 + 16u * (u32)(4 * j + t));
+    const int ch = 8 * b + jj + 2 * t;  // 16-byte unit: the four lanes of a row read every other unit
+    const U32x4 c = lds_u32x4(r0 + 16u * (u32)ch);
+    const U32x4 d = lds_u32x4(r1 + 16u * (u32)ch);
     const u32 cw[4] = {c.x, c.y, c.z, c.w}, dw[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -282,6 +280,8 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
     const int r = 16 * pw + (lane & 15);
     auto blk_at = [&](int tile) { return tile * 64 + r < tok_end ? bt_row[(tile * 64 + r) >> a.page_shift] : 0; };
     int blk = nt > 0 ? blk_at(t_beg) : 0;
+    // rows 656 bytes apart and pages of >= 16 tokens: a warp's 16 rows (16-aligned) are contiguous
+    const bool contiguous = a.k_stride_tok == (long long)(ROW / 2) && a.page_size >= 16;
 #pragma unroll 1
     for (int k = 0; k < nt; ++k) {
       const int tile = t_beg + k, s = k % NSTAGE;
@@ -290,7 +290,15 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
       mbar_wait_wd(empty_bar(sb, s), (u32)((k / NSTAGE) & 1) ^ 1u);
       if (lane == 0) mbar_arrive_expect_tx(full_bar(sb, s), (u32)nvw * ROW);
       __syncwarp();
-      if (lane < nvw) {
+      if (contiguous && nvw == 16) {  // the warp's 16 rows are one run of the page: one copy
+        if (lane == 0) {
+          const int tok = tile * 64 + r;
+          const u8* src = reinterpret_cast<const u8*>(a.k_cache + (long long)blk * a.k_stride_block +
+                                                      (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
+                                                      (long long)kvh * a.k_stride_head);
+          bulk_g2s(stage_addr(sb, s) + (u32)r * RS, src, 16 * ROW, full_bar(sb, s));
+        }
+      } else if (lane < nvw) {
         const int tok = tile * 64 + r;
         const u8* src = reinterpret_cast<const u8*>(a.k_cache + (long long)blk * a.k_stride_block +
                                                     (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
@@ -367,8 +375,8 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
 #pragma unroll
         for (int z = 0; z < 4; ++z) {
           const int p = 32 * k + 8 * i + 2 * z;  // physical channel pair (p, p + 1), p even
-          const int c = p >> 4, r = p & 15, jq = c >> 2, tt = c & 3, q = r >> 2, rr = r & 3;
-          const int L = 16 * (4 * jq + q) + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);  // logical
+          const int c = p >> 4, r = p & 15, bq = c >> 3, jj = c & 1, tt = (c >> 1) & 3, q = r >> 2, rr = r & 3;
+          const int L = 16 * (8 * bq + 4 * jj + q) + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);  // logical
           float lo, hi;
           unpack2<1>(ww[z], lo, hi);
           const u32 h2 = pack2<0>(lo * down, hi * down);
@@ -396,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
     const u32 p_base = sb + OFF_P + (u32)u * QCB;
     const u64 dp0 = wgmma_desc_sw128(p_base, 16, 1024);
     const int i0 = 16 * w + g;  // logical tokens i0, i0 + 8 of S^T
-    const int rho0 = phi(i0), rho1 = phi(i0 + 8);
+    const int rho0 = i0, rho1 = i0 + 8;  // their smem rows
     float sacc[4][NACC], racc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) {
@@ -533,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
         float f[4];
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
-          const int rv = phi(16 * kk + 2 * t + (v & 1) + 8 * (v >> 1));  // tokens 2t, 2t + 1, 2t + 8, 2t + 9
+          const int rv = 16 * kk + 2 * t + (v & 1) + 8 * (v >> 1);  // tokens 2t, 2t + 1, 2t + 8, 2t + 9
           const u32 ra = st + (u32)rv * RS;
           xv[v] = lds_u32x4(ra + 16u * (u32)(8 * w + g));
           f[v] = lds_f32(ra + SCALES_AT + 4u * (u32)w) * vnorm;
