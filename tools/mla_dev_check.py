@@ -920,6 +920,53 @@ def narrow_model(ntiles: int, nslot: int, seed: int) -> None:
     run({"producer": producer(), "consumer": consumer()}, m, {})
 
 
+def narrow_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bug: str | None = None) -> None:
+    """Transcription of dense_decode_narrow_fp8.cu's ring: 4 producer warps (warp pw bulk-copies rows
+    16 pw .. 16 pw + 15 of every tile into stage k % nstage, one arrival with its bytes on full[s],
+    count 4) and two consumer warpgroups of 4 warps (warpgroup u takes tiles u, u + 2, ...; every warp
+    reads all four row blocks of the stage for S^T and again for O^T, arrives on empty[s] (count 4)
+    after its O^T reads; warpgroup-wide named barriers between the phases). ``tail``: the last tile
+    is partial, so between the two barriers the warpgroup zeroes its stale rows (generic writes).
+    ``bug`` injects a protocol error the model must catch: 'early_release' (empty arrival before the
+    O^T reads), 'no_release' (no empty arrival), 'parity' (consumer waits on the wrong full parity)."""
+    m = Machine(random.Random(seed))
+    for s in range(nstage):
+        m.init_mbar(("full", s), 4)
+        m.init_mbar(("empty", s), 4)
+
+    def producer(pw):
+        for k in range(ntiles):
+            s = k % nstage
+            yield ("wait", ("empty", s), ((k // nstage) & 1) ^ 1)
+            yield ("load", ("stage", s, pw), ("rows", k, pw))
+            yield ("noinc", ("full", s))
+
+    def consumer(u, w):
+        bar = 2 + u
+        for k in range(u, ntiles, 2):
+            s = k % nstage
+            par = (k // nstage) & 1
+            yield ("wait", ("full", s), par ^ 1 if bug == "parity" else par)
+            for pw in range(4):  # S^T: the warp's token rows lie in every row block
+                yield ("read", ("stage", s, pw), ("rows", k, pw), f"S^T t{k} wg{u} w{w}")
+            yield ("nb_sync", bar)  # maxima written
+            if tail and k == ntiles - 1:
+                yield ("write", ("stage", s, w), ("zero", k), f"tail zero t{k} wg{u} w{w}")
+            yield ("write", ("P", u, w), ("P", k), f"P t{k}")
+            yield ("nb_sync", bar)  # P written
+            if bug == "early_release":
+                yield ("arrive", ("empty", s))
+            for pw in range(4):  # O^T: the warp's 16 tokens of every k16 step
+                want = ("zero", k) if tail and k == ntiles - 1 else ("rows", k, pw)
+                yield ("read", ("stage", s, pw), want, f"O^T t{k} wg{u} w{w}")
+            if bug not in ("early_release", "no_release"):
+                yield ("arrive", ("empty", s))
+
+    agents = {f"producer{pw}": producer(pw) for pw in range(4)}
+    agents.update({f"wg{u}w{w}": consumer(u, w) for u in range(2) for w in range(4)})
+    run(agents, m, {2: 4, 3: 4})
+
+
 def protocol_model(seeds: int = 40) -> list[str]:
     problems = []
     for npairs in (1, 2, 3, 5):
@@ -952,6 +999,15 @@ def protocol_model(seeds: int = 40) -> list[str]:
                 except ModelError as exc:
                     problems.append(f"narrow nslot {nslot} ntiles {ntiles} seed {seed}: {exc}")
                     break
+    for nstage in (4, 2):
+        for ntiles in (1, 2, 3, 5, 9):
+            for tail in (False, True):
+                for seed in range(seeds // 2):
+                    try:
+                        narrow_fp8_model(ntiles, nstage, seed, tail)
+                    except ModelError as exc:
+                        problems.append(f"narrow_fp8 nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
+                        break
     return problems
 
 

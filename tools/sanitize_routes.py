@@ -10,9 +10,11 @@ merge_state alone):
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
-and, on the 656-byte FP8 cache, seesaw_fp8 and mma_fp8,
+and, on the 656-byte FP8 cache, seesaw_fp8, narrow16_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
-routes; seesaw_bal: the balanced persistent grid). Exit code 0 when every result matches the oracle.
+routes; seesaw_bal: the balanced persistent grid; ``--backend NAME`` with ``--mla-only`` or ``--sparse-only``: only the
+MLA cases forced onto that backend, e.g. ``--mla-only --backend narrow16_fp8``). Exit code 0 when every result matches
+the oracle.
 """
 
 import os
@@ -21,6 +23,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+
+
+def _only_backend() -> str | None:
+    """--backend NAME: run only the MLA cases of that backend."""
+    args = sys.argv[1:]
+    return args[args.index("--backend") + 1] if "--backend" in args and args.index("--backend") + 1 < len(args) else None
+
+
+def _skip(backend: str) -> bool:
+    only = _only_backend()
+    return only is not None and backend != only
 
 
 def main() -> int:
@@ -150,6 +163,8 @@ def _mla_routes(cp, gqadrv, rng) -> int:
                                        ("narrow16_tma", 3, 1, 64), ("narrow32_tma", 1, 2, 128),
                                        ("seesaw_bal", None, 1, 64), ("seesaw_bal", 2, 2, 128),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
+        if _skip(backend):
+            continue
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
                                                num_splits=splits, causal=s_q > 1, backend=backend)
@@ -161,9 +176,13 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     # the 656-byte FP8 cache (is_fp8_kvcache=True): unused rows all 0xFF (NaN codes, scales and RoPE)
     from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
 
-    for backend, splits, s_q, page in (("seesaw_fp8", 1, 1, 64), ("seesaw_fp8", 3, 2, 16), ("seesaw_fp8", 2, 1, 1),
-                                       ("mma_fp8", 1, 1, 64), ("mma_fp8", 3, 2, 32)):
-        q, k, bt, ln = make_case(rng, 3, s_q, 64, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
+    for backend, splits, s_q, page, h_q in (("seesaw_fp8", 1, 1, 64, 64), ("seesaw_fp8", 3, 2, 16, 64),
+                                            ("seesaw_fp8", 2, 1, 1, 64), ("mma_fp8", 1, 1, 64, 64),
+                                            ("mma_fp8", 3, 2, 32, 64), ("narrow16_fp8", 1, 1, 64, 16),
+                                            ("narrow16_fp8", 3, 1, 16, 16), ("narrow16_fp8", 2, 2, 1, 8)):
+        if _skip(backend):
+            continue
+        q, k, bt, ln = make_case(rng, 3, s_q, h_q, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         k8 = quantize_k_cache_reference(k)
         k8[np.isnan(np.asarray(k, np.float32)).all(axis=-1)] = 0xFF
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k8), cp.asarray(bt), cp.asarray(ln), 512,
@@ -189,7 +208,9 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
     b, h_q, nb, page, topk, enb, epage, etopk = 3, 16, 9, 13, 70, 4, 5, 11
     bad_idx = np.array([-1, -(2**31), 2**31 - 1, nb * page, 2147480000, -123456], np.int32)
     for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
-                                      (False, "seesaw", 3, 2), (False, "mma", 1, 1)):
+                                      (True, "narrow16_fp8", 3, 1), (False, "seesaw", 3, 2), (False, "mma", 1, 1)):
+        if _skip(backend):
+            continue
         k = (rng.standard_normal((nb, page, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
         ek = (rng.standard_normal((enb, epage, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
         idx = rng.integers(0, nb * page, size=(b, s_q, topk)).astype(np.int32)

@@ -156,8 +156,9 @@ def test_layout_and_barrier_protocol_models():
     """tools/mla_dev_check.py's CPU models: every copy / descriptor / fragment of the seesaw and
     narrow kernels lands where the math expects, and the seesaw, seesaw_tma (half-tile barriers,
     tail zeroing), seesaw_bal (items: K phases over the CTA's pairs, q / q_empty, sM reset, merge
-    weights after the last item) and narrow barrier protocols run random interleavings without a
-    hazard or a deadlock."""
+    weights after the last item), narrow and narrow16_fp8 (two consumer warpgroups on a stage ring,
+    four producer warps, tail zeroing) barrier protocols run random interleavings without a hazard or
+    a deadlock."""
     import importlib.util
     from pathlib import Path
 
@@ -167,6 +168,11 @@ def test_layout_and_barrier_protocol_models():
     spec.loader.exec_module(mod)
     problems = mod.layout_model_seesaw() + mod.layout_model_narrow(16) + mod.protocol_model(seeds=12)
     assert problems == []
+    # the FP8 narrow ring catches injected protocol bugs
+    for bug, msg in (("early_release", "in flight"), ("no_release", "deadlock"), ("parity", "holds")):
+        with pytest.raises(mod.ModelError, match=msg):
+            for seed in range(8):
+                mod.narrow_fp8_model(9, 4, seed, True, bug)
     # the model can fail: a consumer write to a K block that a wgmma group still reads is reported
     with pytest.raises(mod.ModelError, match="in-flight wgmma group"):
         m = mod.Machine(mod.random.Random(0))
