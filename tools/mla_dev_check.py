@@ -924,8 +924,10 @@ def narrow_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bu
     """Transcription of dense_decode_narrow_fp8.cu's ring: 4 producer warps (warp pw bulk-copies rows
     16 pw .. 16 pw + 15 of every tile into stage k % nstage, one arrival with its bytes on full[s],
     count 4) and two consumer warpgroups of 4 warps (warpgroup u takes tiles u, u + 2, ...; every warp
-    reads all four row blocks of the stage for S^T and again for O^T, arrives on empty[s] (count 4)
-    after its O^T reads; warpgroup-wide named barriers between the phases). ``tail``: the last tile
+    reads all four row blocks of the stage for S^T and again for O^T, arrives on empty[s] after its
+    O^T reads; warpgroup-wide named barriers between the phases). The kernel arrives per thread
+    (count 128: each thread after its own last read); an agent here is a warp whose one arrival
+    (count 4) stands for its 32 threads' arrivals, each after that thread's reads. ``tail``: the last tile
     is partial, so between the two barriers the warpgroup zeroes its stale rows (generic writes).
     ``bug`` injects a protocol error the model must catch: 'early_release' (empty arrival before the
     O^T reads), 'no_release' (no empty arrival), 'parity' (consumer waits on the wrong full parity)."""

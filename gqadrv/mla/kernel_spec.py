@@ -167,7 +167,7 @@ class KernelVariant:
 
 
 # FP8 narrow map (dense_decode_narrow_fp8.cu): Q f16 16 KB + Q RoPE 2 KB + P^T 2 x 2 KB + the stages
-# (64 token rows x 672 B) + red / ered / lred / qsc + 2 NARROW_FP8_STAGES mbarriers + ticket.
+# (64 token rows x 656 B) + red / ered / lred / qsc + 2 NARROW_FP8_STAGES mbarriers + ticket.
 NARROW_FP8_STAGES = 4
 _NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 656 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16
 NARROW_FP8_SMEM_BYTES = _NARROW_FP8_USED + 1024

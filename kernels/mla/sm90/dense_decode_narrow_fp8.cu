@@ -20,44 +20,54 @@
 //           With power-of-two scales (FlashMLA's quantizer) every product equals the one on the
 //           dequantized cache (bf16(code * s) is then exact); other scales are applied in fp32 / f16
 //           instead of through a bf16 rounding of each element (differences within that rounding).
-// Layout    a tile in shared memory: 64 rows of RS = 672 bytes (the 656-byte token rows as stored,
-//           16 bytes of padding: 672 = 32 mod 128 spreads rows over the banks). Logical token i of
-//           the GEMMs (wgmma row of S^T, k index of O^T) is smem row phi(i) = (i & ~3) | f(i), f(i) =
-//           ((i >> 1) & 3) ^ (2 (i & 1)), which makes both GEMMs' 16-byte fragment loads conflict-free.
-//           S^T: thread (w, g, t) of a warpgroup owns logical tokens 16w + g (+8); k16 step 4j + q of
-//           scale block j / 2 reads bytes 16 (4j + t) + 4q .. + 3 of its rows: codes (0, 1) are A
-//           columns (2t, 2t + 1), codes (2, 3) columns (2t + 8, 2t + 9) (Q is stored in that order).
+// Layout    a tile in shared memory: 64 token rows of RS = 656 bytes, exactly as stored in the cache
+//           (512 code bytes, 4 fp32 scales at byte 512, 64 bf16 RoPE channels at byte 528), in token
+//           order, so a contiguous run of rows arrives with one bulk copy. 656 = 16 mod 128, so the
+//           eight rows g = 0..7 of a fragment load start in eight different 16-byte bank groups.
+//           S^T: thread (w, g, t) of a warpgroup owns tokens 16w + g (+8); in half jj of scale block b it
+//           reads 16-byte unit 8b + jj + 2t of both rows (4 k16 steps of the block): codes (0, 1) of a
+//           word are A columns (2t, 2t + 1), codes (2, 3) columns (2t + 8, 2t + 9) (Q is stored in that
+//           channel order, so every k16 step is one 16-channel subset of the block).
 //           O^T: row r = 16w + g + 8h of channel block m is channel 16 (8w + g) + 2m + h, so a thread's
 //           16 channels are one 16-byte unit of each of its 16 tokens (16kk + 2t + {0, 1, 8, 9}) and
 //           all lie in scale block w; a byte permute pairs two tokens' codes of one channel.
 // CTA work  grid (S, h_kv, b) (16 rows: nmb = 1 for M <= 16): the tiles [ntiles * split / S,
 //           ntiles * (split + 1) / S) of (request, KV head), ntiles = ceil(key_len / 64).
-// Warps     288 threads: warpgroups 0 and 1 (warps 0..7) compute, warpgroup u the CTA's tiles
-//           u, u + 2, ... with its own running max / sums / O^T (merged at the end); warp 8 produces.
+// Warps     384 threads. Warpgroups 0 and 1 (warps 0..7, setmaxnreg.inc to 240 registers) compute:
+//           warpgroup u takes the CTA's tiles u, u + 2, ... with its own running max / sums / O^T
+//           (merged at the end). Warpgroup 2 (warps 8..11, setmaxnreg.dec to 24) produces: warp 8 + pw
+//           copies token rows 16 pw .. 16 pw + 15 of every tile. Nothing computed before setmaxnreg stays
+//           live across it (the geometry is derived again in each role).
 // Smem map  (base rounded up to 1024 B)
 //           [0, 16 KB)       Qh: 8 blocks of 64 logical channels x 16 rows x 128 B, f16, 128B swizzle
 //           + 2 KB           Qr: 16 rows x 64 logical RoPE channels, bf16, 128B swizzle
 //           + 2 x 2 KB       P^T of each warpgroup: 16 rows x 64 logical tokens, f16, swizzled K-major
-//           + 4 x 42 KB      ring of NSTAGE tile stages (64 x 672 B)
+//           + 4 x 41,984 B   ring of NSTAGE tile stages (64 x 656 B)
 //           + red / ered / lred (per warpgroup and warp), qsc[16], mbarriers full / empty [NSTAGE], ticket
 //           epilogue: the ring holds warpgroup 1's O^T and statistics, then the output staging rows and
 //           the [16][S] merge weights.
-// Barriers  full[s] (count 1: the producer's arrive.expect_tx of the stage's valid rows x 656 bytes,
-//           completed by the bulk copies), empty[s] (count 4: each warp of the consuming warpgroup
-//           after its last shared-memory read of the stage). Named: 1 = both warpgroups (256: Q
-//           written; epilogue hand-off), 2 / 3 = warpgroup 0 / 1 (128: per tile, maxima written; P
-//           written; epilogue).
-// Pipeline  producer (warp 8): per tile k of the CTA, stage k % NSTAGE: wait empty (parity starts at
-//           1), lane 0 arrive.expect_tx, then lane l bulk-copies (cp.async.bulk, 656 B) token rows l
-//           and l + 32 when they are below the split's token end (rows past it are never read, nor
-//           their block-table entries); block-table entries of the next tile are read one tile ahead.
-//           consumer warpgroup u, tile k: wait full; S^T (4 x 8 f16 + 4 bf16 wgmmas issued in batches,
-//           at most two batches of fragments live); combine with the scales; softmax over the 64
-//           tokens (column max through red[] + barrier, with the scale exponents through ered[]);
-//           P^T -> smem (+ proxy fence, barrier); O^T in 4 k16 batches of 8 wgmmas; release the stage.
+// Barriers  full[s] (count 4: one arrive.expect_tx per producer warp with its valid rows x 656 bytes,
+//           completed by the bulk copies), empty[s] (count 128: every thread of the consuming
+//           warpgroup after its own last shared-memory read of the stage: a per-warp arrival after
+//           __syncwarp left the other lanes' reads unordered with the next bulk write, which
+//           racecheck reported). Named: 1 = both consumer warpgroups (256: Q written; epilogue
+//           hand-off), 2 / 3 = warpgroup 0 / 1 (128: per tile, maxima written; P written; epilogue).
+// Pipeline  producer warp pw, tile k of the CTA, stage k % NSTAGE: wait empty (parity starts at 1),
+//           lane 0 arrive.expect_tx; then, when the cache rows are 656 bytes apart, the page holds >= 16
+//           tokens and all 16 rows are valid, lane 0 copies them with one 10,496-byte cp.async.bulk;
+//           otherwise lane l < 16 copies row 16 pw + l (656 B) if it is below the split's token end
+//           (rows past it are never read, nor their block-table entries). Block-table entries of the
+//           next tile are read one tile ahead.
+//           consumer warpgroup u, tile k: wait full; S^T in two halves of 16 wgmmas (4 independent
+//           accumulator chains, wait between halves) + 4 RoPE wgmmas; combine with the scales; softmax
+//           over the 64 tokens (column max through red[] + barrier, scale exponents through ered[]; the
+//           O^T rescale is skipped when no running max and no c_b changed); P^T -> smem (+ proxy
+//           fence, barrier); O^T in 4 k16 batches of 8 wgmmas (wait<1> between batches); release the
+//           stage after the last fragment loads.
 // Masking   logits of keys >= the row's limit -> -1e33 (scaled, log2 domain), running max from -1e30;
-//           in the split's last tile the codes of rows >= tok_end are zeroed and their V' factor is 0
-//           (those rows hold stale bytes), and their scales never enter c_b.
+//           in the split's last tile the 528 code + scale bytes of rows >= tok_end are zeroed (they
+//           hold stale bytes of an earlier tile) between the two per-tile barriers, so their V'
+//           factor is 0 and their scales never enter c_b.
 // Split     as dense_decode_narrow.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and
 //           {m, l}, takes the ticket, and the last CTA merges.
 #include "../../common/ptx.cuh"
@@ -245,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
 #pragma unroll 1
       for (int i = 0; i < NSTAGE; ++i) {
         mbar_init(full_bar(sb0, i), 4);   // one arrival (with its bytes) per producer warp
-        mbar_init(empty_bar(sb0, i), 4);  // one per warp of the consuming warpgroup
+        mbar_init(empty_bar(sb0, i), 128);  // one per thread of the consuming warpgroup
       }
       fence_mbarrier_init();
     }
@@ -546,10 +556,8 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
           xv[v] = lds_u32x4(ra + 16u * (u32)(8 * w + g));
           f[v] = lds_f32(ra + SCALES_AT + 4u * (u32)w) * vnorm;
         }
-        if (kk == 3) {  // the warp's last read of the stage
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(sb, s));
-        }
+        if (kk == 3) mbar_arrive(empty_bar(sb, s));  // the thread's last read of the stage (each thread
+                                                       // releases its own reads)
         pv_step(ot, xv, pack2<0>(f[0], f[1]), pack2<0>(f[2], f[3]), dp0 + (u64)(kk * 2));
         if (kk >= 1) wgmma_wait<1>();
       }
