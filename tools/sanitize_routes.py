@@ -10,7 +10,7 @@ merge_state alone):
 
 Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
-and, on the 656-byte FP8 cache, seesaw_fp8, narrow16_fp8 and mma_fp8,
+and, on the 656-byte FP8 cache, seesaw_fp8, narrow16_fp8, wide64_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
 routes; seesaw_bal: the balanced persistent grid; ``--backend NAME`` with ``--mla-only`` or ``--sparse-only``: only the
 MLA cases forced onto that backend, e.g. ``--mla-only --backend narrow16_fp8``). Exit code 0 when every result matches
@@ -179,7 +179,9 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     for backend, splits, s_q, page, h_q in (("seesaw_fp8", 1, 1, 64, 64), ("seesaw_fp8", 3, 2, 16, 64),
                                             ("seesaw_fp8", 2, 1, 1, 64), ("mma_fp8", 1, 1, 64, 64),
                                             ("mma_fp8", 3, 2, 32, 64), ("narrow16_fp8", 1, 1, 64, 16),
-                                            ("narrow16_fp8", 3, 1, 16, 16), ("narrow16_fp8", 2, 2, 1, 8)):
+                                            ("narrow16_fp8", 3, 1, 16, 16), ("narrow16_fp8", 2, 2, 1, 8),
+                                            ("wide64_fp8", 1, 1, 64, 64), ("wide64_fp8", 3, 2, 16, 128),
+                                            ("wide64_fp8", 2, 1, 1, 32)):
         if _skip(backend):
             continue
         q, k, bt, ln = make_case(rng, 3, s_q, h_q, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
@@ -208,7 +210,8 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
     b, h_q, nb, page, topk, enb, epage, etopk = 3, 16, 9, 13, 70, 4, 5, 11
     bad_idx = np.array([-1, -(2**31), 2**31 - 1, nb * page, 2147480000, -123456], np.int32)
     for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
-                                      (True, "narrow16_fp8", 3, 1), (False, "seesaw", 3, 2), (False, "mma", 1, 1)):
+                                      (True, "narrow16_fp8", 3, 1), (True, "wide64_fp8", 3, 2), (False, "seesaw", 3, 2),
+                                      (False, "mma", 1, 1)):
         if _skip(backend):
             continue
         k = (rng.standard_normal((nb, page, 1, 576)) / 4).astype(ml_dtypes.bfloat16)

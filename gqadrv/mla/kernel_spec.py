@@ -32,7 +32,11 @@ Variants (all read the same arguments, write the same outputs and merge splits i
   "mma"       the original kernel on mma.sync + ldmatrix (MLA_MMA=0); the only one for sm_100a.
   "narrow16_fp8" sm_90a, tokens as wgmma M on the 656-byte FP8 cache for M <= 16: the two consumer
               warpgroups convert the e4m3 codes straight into wgmma register fragments (f16, scales applied
-              after Q K^T per 128-channel block and folded into V), a bulk-copy producer warp.
+              after Q K^T per 128-channel block and folded into V), a bulk-copy producer warpgroup.
+  "wide64_fp8" sm_90a, the same tokens-as-M design for 64-row blocks (M > 16, e.g. h_q 64 / 128): both
+              consumer warpgroups work on every tile and split the 512 latent channels (each converts its
+              two scale blocks for both GEMMs; the S^T partials are summed through shared memory), a
+              3-stage ring of 656-byte rows filled by the same bulk-copy producer warpgroup.
   "seesaw_fp8" / "mma_fp8"  the seesaw / the mma.sync kernel on FlashMLA's 656-byte FP8 cache (MLA_FP8=1,
               bf16 q): K tiles dequantized to bf16 into the same shared-memory tiles (fp8_rows.cuh); the
               seesaw_fp8 default on sm_90a, mma_fp8 on sm_100a / sm_110a (compile-verified only there).
@@ -171,6 +175,11 @@ class KernelVariant:
 NARROW_FP8_STAGES = 4
 _NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 656 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16
 NARROW_FP8_SMEM_BYTES = _NARROW_FP8_USED + 1024
+# FP8 wide map (dense_decode_wide_fp8.cu): Q f16 64 KB + Q RoPE 8 KB + P^T 8 KB + S^T exchange 16 KB +
+# the stages (64 x 656 B) + red / ered / lred / qsc / alpha / lim / {m, L} / running max + 2 WIDE_FP8_STAGES mbarriers + ticket.
+WIDE_FP8_STAGES = 3
+_WIDE_FP8_USED = 65536 + 8192 + 8192 + 16384 + WIDE_FP8_STAGES * 64 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512 + 512 + 16 * WIDE_FP8_STAGES + 16
+WIDE_FP8_SMEM_BYTES = _WIDE_FP8_USED + 1024
 _N16, _N32 = _narrow_slots(16), _narrow_slots(32)
 KERNELS = {
     "seesaw": KernelVariant(
@@ -209,6 +218,12 @@ KERNELS = {
         NARROW_FP8_SMEM_BYTES, (("MLA_NSTAGE", NARROW_FP8_STAGES),), ("sm_90a",), 16,
         "tokens as wgmma M on the 656-byte FP8 cache: two consumer warpgroups dequantize the codes into wgmma "
         "register fragments (no shared-memory tile of bf16), a bulk-copy producer warp; M <= 16", fp8=True),
+    "wide64_fp8": KernelVariant(
+        "wide64_fp8", "mla/sm90/dense_decode_wide_fp8.cu", "mla_dense_decode_wide_fp8", 384, 64,
+        WIDE_FP8_SMEM_BYTES, (("MLA_NSTAGE", WIDE_FP8_STAGES),), ("sm_90a",), None,
+        "tokens as wgmma M on the 656-byte FP8 cache for 64-row blocks: both consumer warpgroups dequantize "
+        "their half of the channels into wgmma register fragments, a bulk-copy producer warpgroup; M > 16",
+        fp8=True),
     "seesaw_fp8": KernelVariant(
         "seesaw_fp8", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_fp8", 384, 64, SEESAW_SMEM_BYTES,
         (("MLA_FP8", 1),), ("sm_90a",), None,

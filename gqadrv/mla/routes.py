@@ -19,11 +19,13 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
   where wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90
   when forced (``backend="mma"``), which is how the H200 tests cover its code.
 * ``seesaw_fp8`` / ``mma_fp8``: the same two kernels on FlashMLA's 656-byte FP8 cache
-  (``is_fp8_kvcache=True``, bf16 q): seesaw_fp8 on sm_90 for every page size when M > 16, mma_fp8 on
-  sm_100 / sm_110 (compile-verified only) and, when forced, on sm_90.
+  (``is_fp8_kvcache=True``, bf16 q): seesaw_fp8 on sm_90 only when forced, mma_fp8 on sm_100 / sm_110
+  (compile-verified only) and, when forced, on sm_90.
 * ``narrow16_fp8`` (sm_90a): the FP8 cache with tokens as the wgmma M dimension, the e4m3 codes
   dequantized into wgmma register fragments by the consumers; the default on sm_90 for M <= 16 packed
   rows (e.g. h_q 16 s_q 1, and the sparse decode at those head counts).
+* ``wide64_fp8`` (sm_90a): the same design for 64-row blocks, the two consumer warpgroups splitting
+  the channels of every tile; the default on sm_90 for M > 16 (h_q 64 / 128, dense and sparse decode).
 """
 
 from __future__ import annotations
@@ -109,15 +111,16 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     ``seesaw_tma`` unless the cp.async ``seesaw`` is forced, and as ``seesaw_bal`` (the balanced
     persistent grid) when ``large_batch`` (row blocks of all requests fill 3/4 of the SMs: the split
     grid would give every request one CTA however long it is). ``fp8``: k_cache is the 656-byte FP8
-    format, read by ``seesaw_fp8`` (sm_90) or ``mma_fp8`` (sm_100 / sm_110, or forced on sm_90)."""
+    format, read on sm_90 by ``narrow16_fp8`` (m_rows <= 16) or ``wide64_fp8`` (``seesaw_fp8`` when forced), on
+    sm_100 / sm_110 by ``mma_fp8`` (also forced on sm_90)."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
     name = native if forced in (None, "auto") else forced
     if fp8:
         if forced in (None, "auto"):
             name = native + "_fp8"
-            if name == "seesaw_fp8" and m_rows <= FAMILIES["narrow16_fp8"].max_rows:
-                name = "narrow16_fp8"  # memory-bound rows: 1.3-1.4x our bf16 decode, 2.6x seesaw_fp8 (MLA.md)
+            if name == "seesaw_fp8":  # tokens-as-M kernels that dequantize into register fragments (MLA.md)
+                name = "narrow16_fp8" if m_rows <= FAMILIES["narrow16_fp8"].max_rows else "wide64_fp8"
         elif not FAMILIES[name].fp8:
             fp8_names = sorted(n for n, f in FAMILIES.items() if f.fp8)
             raise ValueError(f"MLA backend {name!r} reads bf16 / fp16 caches; with is_fp8_kvcache=True use 'auto' or "

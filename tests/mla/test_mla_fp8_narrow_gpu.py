@@ -32,7 +32,7 @@ EXTRA = [
 ]
 
 
-def _run(case_args, rng, code_dtype="uint8", mutate=None, padded=True):
+def _run(case_args, rng, code_dtype="uint8", mutate=None, padded=True, backend=BACKEND):
     import cupy as cp
 
     import gqadrv
@@ -47,7 +47,7 @@ def _run(case_args, rng, code_dtype="uint8", mutate=None, padded=True):
     # padded rows (672 bytes apart: one copy per row) or dense ones (656: one copy per 16-row run)
     dk = padded_cache(k8, code_dtype) if padded else cp.asarray(k8)
     o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), dk, cp.asarray(bt), cp.asarray(ln), 512, num_splits=splits,
-                                           causal=causal, is_fp8_kvcache=True, backend=BACKEND)
+                                           causal=causal, is_fp8_kvcache=True, backend=backend)
     ro, rl = mla_decode_reference(q, kdq, bt, ln, 512, None, causal)
     return cp.asnumpy(o), cp.asnumpy(lse), ro, rl
 

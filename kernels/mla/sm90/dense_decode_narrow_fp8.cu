@@ -75,6 +75,7 @@
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
+#include "fp8_tokm.cuh"
 
 #if MLA_DT != 1
 #error "the FP8 narrow kernel takes bf16 q (MLA_DT=1)"
@@ -82,13 +83,11 @@
 
 namespace mla {
 namespace nfp8 {
+using namespace tokm;
 constexpr int NQ = 16;
 constexpr int NACC = 8;   // fp32 accumulators per thread of one m64n16 result
 constexpr int NJ = 2;     // 8-column chunks of a result
-constexpr u32 ROW = 656;  // bytes of one token row in the cache
 constexpr u32 RS = ROW;   // bytes of one token row in a stage (dense: whole runs of rows copy at once)
-constexpr u32 STAGE = 64 * RS;
-constexpr u32 SCALES_AT = 512, ROPE_AT = 528;
 #ifndef MLA_NSTAGE
 #define MLA_NSTAGE 4
 #endif
@@ -122,61 +121,6 @@ GQADRV_DEVICE u32 full_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)s; }
 GQADRV_DEVICE u32 empty_bar(u32 sb, int s) { return sb + OFF_BAR + 8u * (u32)(NSTAGE + s); }
 GQADRV_DEVICE u32 stage_addr(u32 sb, int s) { return sb + OFF_RING + (u32)s * STAGE; }
 
-GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// %tid.x (I = 3), %ctaid.x / y / z (I = 0, 1, 2), read again (volatile: never merged with an earlier
-// read, so no value is kept live across setmaxnreg).
-template <int I>
-GQADRV_DEVICE int sreg() {
-  int v;
-  if (I == 0) asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
-  if (I == 1) asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
-  if (I == 2) asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
-  if (I == 3) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
-  return v;
-}
-// setmaxnreg budgets: 2 x 128 x 240 + 128 x 24 = 64512 = 384 x 168 (the launch allocation)
-constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
-static_assert(2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 384 * 168, "setmaxnreg budgets exceed the launch allocation");
-GQADRV_DEVICE void setmaxnreg_dec_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS)); }
-GQADRV_DEVICE void setmaxnreg_inc_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS)); }
-// Two e4m3 codes each of the two 16-bit halves of w -> two f16x2 (exact; NaN codes give NaN).
-GQADRV_DEVICE void e4m3x4_to_f16x2(u32 w, u32& lo, u32& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-}
-GQADRV_DEVICE u32 hmul2(u32 a, u32 b) {
-  u32 d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-GQADRV_DEVICE u32 vmax4(u32 a, u32 b) { return __vmaxu4(a, b); }
-// 2^k as a float for k <= 127 (subnormal down to 2^-149, 0 below).
-GQADRV_DEVICE float exp2i(int k) {
-  return k >= -126 ? __uint_as_float((u32)(k + 127) << 23) : (k >= -149 ? __uint_as_float(1u << (k + 149)) : 0.f);
-}
-
-// D (+)= A B, m64n16k16, A from registers (a0..a3), B from shared memory (K-major, 128B swizzle).
-template <int DT>
-GQADRV_DEVICE void wgmma_n16_rs(float (&d)[8], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, int scale_d) {
-#define MLA_NFP8_RS(TY)                                                                                       \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"                                                 \
-               " wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY                                       \
-               " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d))
-  if constexpr (DT == 1) {
-    MLA_NFP8_RS("bf16");
-  } else {
-    MLA_NFP8_RS("f16");
-  }
-#undef MLA_NFP8_RS
-}
-
 // S^T, half jj (0, 1) of every scale block b: 16-byte unit 8b + jj + 2t of the thread's two rows
 // (r0, r1: smem row addresses) = 4 k16 steps of block b; 4 independent accumulator chains of 4.
 GQADRV_DEVICE void qk_half(float (&sacc)[4][NACC], u32 r0, u32 r1, u32 qh, int jj, int t) {
@@ -199,7 +143,7 @@ GQADRV_DEVICE void qk_half(float (&sacc)[4][NACC], u32 r0, u32 r1, u32 qh, int j
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const u64 db = wgmma_desc_sw128(qh + (u32)(2 * b + jj) * QCB, 16, 1024);
-      wgmma_n16_rs<0>(sacc[b], fr[b][q][0], fr[b][q][1], fr[b][q][2], fr[b][q][3], db + (u64)(q * 2),
+      wgmma_rs<0, 16>(sacc[b], fr[b][q][0], fr[b][q][1], fr[b][q][2], fr[b][q][3], db + (u64)(q * 2),
                       (jj == 0 && q == 0) ? 0 : 1);
     }
 }
@@ -209,10 +153,10 @@ GQADRV_DEVICE void qk_rope(float (&r_acc)[NACC], u32 r0, u32 r1, u32 qr, int t) 
   const U32x4 d0 = lds_u32x4(r1 + ROPE_AT + 32u * (u32)t), d1 = lds_u32x4(r1 + ROPE_AT + 32u * (u32)t + 16u);
   wgmma_fence();
   const u64 db = wgmma_desc_sw128(qr, 16, 1024);
-  wgmma_n16_rs<1>(r_acc, c0.x, d0.x, c0.y, d0.y, db, 0);
-  wgmma_n16_rs<1>(r_acc, c0.z, d0.z, c0.w, d0.w, db + 2, 1);
-  wgmma_n16_rs<1>(r_acc, c1.x, d1.x, c1.y, d1.y, db + 4, 1);
-  wgmma_n16_rs<1>(r_acc, c1.z, d1.z, c1.w, d1.w, db + 6, 1);
+  wgmma_rs<1, 16>(r_acc, c0.x, d0.x, c0.y, d0.y, db, 0);
+  wgmma_rs<1, 16>(r_acc, c0.z, d0.z, c0.w, d0.w, db + 2, 1);
+  wgmma_rs<1, 16>(r_acc, c1.x, d1.x, c1.y, d1.y, db + 4, 1);
+  wgmma_rs<1, 16>(r_acc, c1.z, d1.z, c1.w, d1.w, db + 6, 1);
 }
 // O^T += V'^T P^T for k16 step kk: the thread's 4 tokens' 16-byte units x (codes), their V' factors
 // as f16x2 pairs fa (tokens 0, 1) / fb (tokens 2, 3).
@@ -236,7 +180,7 @@ GQADRV_DEVICE void pv_step(float (&ot)[8][NACC], const U32x4 (&x)[4], u32 fa, u3
   }
   wgmma_fence();
 #pragma unroll
-  for (int m = 0; m < 8; ++m) wgmma_n16_rs<0>(ot[m], fr[m][0], fr[m][1], fr[m][2], fr[m][3], dp, 1);
+  for (int m = 0; m < 8; ++m) wgmma_rs<0, 16>(ot[m], fr[m][0], fr[m][1], fr[m][2], fr[m][3], dp, 1);
   wgmma_commit();
 }
 
@@ -286,37 +230,8 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
     // ===================================================================== producer warpgroup
     // warp pw copies rows 16 pw .. 16 pw + 15 of every tile (lane l < 16: row 16 pw + l, one bulk copy
     // of 656 bytes); its block-table entries are read one tile ahead
-    const int pw = warp - 8;
-    const int r = 16 * pw + (lane & 15);
-    auto blk_at = [&](int tile) { return tile * 64 + r < tok_end ? bt_row[(tile * 64 + r) >> a.page_shift] : 0; };
-    int blk = nt > 0 ? blk_at(t_beg) : 0;
-    // rows 656 bytes apart and pages of >= 16 tokens: a warp's 16 rows (16-aligned) are contiguous
-    const bool contiguous = a.k_stride_tok == (long long)(ROW / 2) && a.page_size >= 16;
-#pragma unroll 1
-    for (int k = 0; k < nt; ++k) {
-      const int tile = t_beg + k, s = k % NSTAGE;
-      const int nxt = k + 1 < nt ? blk_at(tile + 1) : 0;
-      const int nvw = min(max(tok_end - tile * 64 - 16 * pw, 0), 16);  // valid rows of this warp
-      mbar_wait_wd(empty_bar(sb, s), (u32)((k / NSTAGE) & 1) ^ 1u);
-      if (lane == 0) mbar_arrive_expect_tx(full_bar(sb, s), (u32)nvw * ROW);
-      __syncwarp();
-      if (contiguous && nvw == 16) {  // the warp's 16 rows are one run of the page: one copy
-        if (lane == 0) {
-          const int tok = tile * 64 + r;
-          const u8* src = reinterpret_cast<const u8*>(a.k_cache + (long long)blk * a.k_stride_block +
-                                                      (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
-                                                      (long long)kvh * a.k_stride_head);
-          bulk_g2s(stage_addr(sb, s) + (u32)r * RS, src, 16 * ROW, full_bar(sb, s));
-        }
-      } else if (lane < nvw) {
-        const int tok = tile * 64 + r;
-        const u8* src = reinterpret_cast<const u8*>(a.k_cache + (long long)blk * a.k_stride_block +
-                                                    (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
-                                                    (long long)kvh * a.k_stride_head);
-        bulk_g2s(stage_addr(sb, s) + (u32)r * RS, src, ROW, full_bar(sb, s));
-      }
-      blk = nxt;
-    }
+    produce_rows<NSTAGE>(a, bt_row, kvh, t_beg, nt, tok_end, warp - 8, lane, [&](int st) { return full_bar(sb, st); },
+                         [&](int st) { return empty_bar(sb, st); }, [&](int st) { return stage_addr(sb, st); });
     return;
   }
   setmaxnreg_inc_consumer();
@@ -385,8 +300,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
 #pragma unroll
         for (int z = 0; z < 4; ++z) {
           const int p = 32 * k + 8 * i + 2 * z;  // physical channel pair (p, p + 1), p even
-          const int c = p >> 4, r = p & 15, bq = c >> 3, jj = c & 1, tt = (c >> 1) & 3, q = r >> 2, rr = r & 3;
-          const int L = 16 * (8 * bq + 4 * jj + q) + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);  // logical
+          const int L = q_logical_latent(p);
           float lo, hi;
           unpack2<1>(ww[z], lo, hi);
           const u32 h2 = pack2<0>(lo * down, hi * down);
@@ -395,9 +309,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
       }
 #pragma unroll
       for (int z = 0; z < 2; ++z) {
-        const int c = 4 * k + 2 * z;  // physical RoPE channel pair, c = 16 tt + 4 q + rr
-        const int tt = c >> 4, q = (c >> 2) & 3, rr = c & 3;
-        const int L = 16 * q + (rr < 2 ? 2 * tt + rr : 2 * tt + 8 + rr - 2);
+        const int L = q_logical_rope(4 * k + 2 * z);  // physical RoPE channel pair (4 k + 2 z, + 1)
         float lo, hi;
         unpack2<1>(rv[z], lo, hi);
         sts_u32(sb + OFF_QR + swz(n, L >> 3) + 2u * (u32)(L & 7), pack2<1>(lo * down, hi * down));
