@@ -44,7 +44,7 @@
 //           + 8 KB            P^T: 64 rows x 64 tokens, f16, swizzled K-major (one, read by both)
 //           + 2 x 8 KB        S^T exchange: warpgroup u's partial of the other's 32 columns
 //           + 3 x 41,984 B    ring of NSTAGE tile stages (64 x 656 B)
-//           + red[2][4][32] / ered[2][4] / lred[2][4][32], qsc[64], alpha[64], lim[64], {m, L}[64],
+//           + red[2][32][4] / ered[2][4] / lred[2][4][32], qsc[64], alpha[64], lim[64], {m, L}[64],
 //             running max [2][64], mbarriers full / empty [NSTAGE], ticket
 //           the merge weights ([64][S] fp32) use the exchange area and the ring after the last tile.
 // Barriers  full[s] (count 4: one arrive.expect_tx per producer warp, completed by its bulk copies),
@@ -91,7 +91,7 @@ constexpr u32 OFF_QR = 8 * QCB;
 constexpr u32 OFF_P = OFF_QR + QCB;
 constexpr u32 OFF_X = OFF_P + QCB;  // + u * 8 KB
 constexpr u32 OFF_RING = OFF_X + 2 * 8192;
-constexpr u32 OFF_RED = OFF_RING + NSTAGE * STAGE;  // red[2][4][32] f32
+constexpr u32 OFF_RED = OFF_RING + NSTAGE * STAGE;  // red[2][32][4] f32: [u][column][warp]
 constexpr u32 OFF_ERED = OFF_RED + 2 * 4 * 32 * 4;  // ered[2][4] u32
 constexpr u32 OFF_LRED = OFF_ERED + 2 * 4 * 4;      // lred[2][4][32] f32
 constexpr u32 OFF_QSC = OFF_LRED + 2 * 4 * 32 * 4;  // qsc[64] f32: softmax scale (log2) * 2^e_n
@@ -272,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
     for (int e = 0; e < 2; ++e) l_run[jo][e] = 0.f;
   float* mrun = reinterpret_cast<float*>(smem + OFF_MRUN);
   const int bo = 2 * u + (w >> 1);
-  float* red = reinterpret_cast<float*>(smem + OFF_RED);  // [u][w][32]
+  float* red = reinterpret_cast<float*>(smem + OFF_RED);  // [u][c32][w]
   u32* ered = reinterpret_cast<u32*>(smem + OFF_ERED);    // [u][w]
   float* qsc = reinterpret_cast<float*>(smem + OFF_QSC);
   int* lim_s = reinterpret_cast<int*>(smem + OFF_LIM);
@@ -394,51 +394,83 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
 #pragma unroll
       for (int m = 0; m < 4; ++m) reg_fence(ot[m]);
 
-      // ---- exchange: the other warpgroup's columns out, my columns' other half in
-#pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {  // chunk j = q4 + 4 (1 - u) (constant indices: no local memory)
-        const int lo = 4 * q4, hi = 4 * (q4 + 4);
-        sts_f32x4(xw + (u32)q4 * 512u, u ? sacc[lo] : sacc[hi], u ? sacc[lo + 1] : sacc[hi + 1],
-                  u ? sacc[lo + 2] : sacc[hi + 2], u ? sacc[lo + 3] : sacc[hi + 3]);
-      }
-      named_bar_sync(BAR_ALL, 256);  // partials exchanged; every S^T read of the stage is done
+      // ---- exchange: the other warpgroup's columns out, my columns' other half in (two code paths,
+      // so that every accumulator index is a constant)
       float x[4][2][2];  // own columns: [jo][e][h]
+      if (u == 0) {
 #pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        const int lo = 4 * q4, hi = 4 * (q4 + 4);  // own chunk j = q4 + 4u
-        float o0, o1, o2, o3;
-        lds_f32x4(xr + (u32)q4 * 512u, o0, o1, o2, o3);
-        x[q4][0][0] = (u ? sacc[hi] : sacc[lo]) + o0;
-        x[q4][1][0] = (u ? sacc[hi + 1] : sacc[lo + 1]) + o1;
-        x[q4][0][1] = (u ? sacc[hi + 2] : sacc[lo + 2]) + o2;
-        x[q4][1][1] = (u ? sacc[hi + 3] : sacc[lo + 3]) + o3;
+        for (int q4 = 0; q4 < 4; ++q4)
+          sts_f32x4(xw + (u32)q4 * 512u, sacc[16 + 4 * q4], sacc[17 + 4 * q4], sacc[18 + 4 * q4], sacc[19 + 4 * q4]);
+        named_bar_sync(BAR_ALL, 256);  // partials exchanged; every S^T read of the stage is done
+#pragma unroll
+        for (int q4 = 0; q4 < 4; ++q4) {
+          float o0, o1, o2, o3;
+          lds_f32x4(xr + (u32)q4 * 512u, o0, o1, o2, o3);
+          x[q4][0][0] = sacc[4 * q4] + o0;
+          x[q4][1][0] = sacc[4 * q4 + 1] + o1;
+          x[q4][0][1] = sacc[4 * q4 + 2] + o2;
+          x[q4][1][1] = sacc[4 * q4 + 3] + o3;
+        }
+      } else {
+#pragma unroll
+        for (int q4 = 0; q4 < 4; ++q4)
+          sts_f32x4(xw + (u32)q4 * 512u, sacc[4 * q4], sacc[4 * q4 + 1], sacc[4 * q4 + 2], sacc[4 * q4 + 3]);
+        named_bar_sync(BAR_ALL, 256);
+#pragma unroll
+        for (int q4 = 0; q4 < 4; ++q4) {
+          float o0, o1, o2, o3;
+          lds_f32x4(xr + (u32)q4 * 512u, o0, o1, o2, o3);
+          x[q4][0][0] = sacc[16 + 4 * q4] + o0;
+          x[q4][1][0] = sacc[17 + 4 * q4] + o1;
+          x[q4][0][1] = sacc[18 + 4 * q4] + o2;
+          x[q4][1][1] = sacc[19 + 4 * q4] + o3;
+        }
       }
       if (nvalid < 64) {  // the split's last tile: zero the codes and scales of the stale rows
 #pragma unroll 1
         for (int i = ctid; i < (64 - nvalid) * 33; i += 256) sts_zero16(st + (u32)(nvalid + i / 33) * ROW + 16u * (u32)(i % 33));
       }
 
-      // ---- softmax of the own columns
+      // ---- softmax of the own columns (n = 32u + c32, c32 = 8 jo + 2t + e): logits, then the key
+      // limits only in tiles that reach one
       const bool need_mask = (tile + 1) * 64 > lim_min;
+#pragma unroll
+      for (int jo = 0; jo < 4; ++jo) {
+        float sc0, sc1;
+        lds_f32x2(sb + OFF_QSC + 4u * (u32)(32 * u + 8 * jo + 2 * t), sc0, sc1);
+        x[jo][0][0] *= inv0 * sc0;
+        x[jo][0][1] *= inv1 * sc0;
+        x[jo][1][0] *= inv0 * sc1;
+        x[jo][1][1] *= inv1 * sc1;
+      }
+      if (need_mask) {
+#pragma unroll
+        for (int jo = 0; jo < 4; ++jo) {
+          int l2[2];
+          asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];" : "=r"(l2[0]), "=r"(l2[1]) : "r"(sb + OFF_LIM + 4u * (u32)(32 * u + 8 * jo + 2 * t)));
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (pos0 >= l2[e]) x[jo][e][0] = MASKED;
+            if (pos1 >= l2[e]) x[jo][e][1] = MASKED;
+          }
+        }
+      }
       float mx[4][2];
 #pragma unroll
       for (int jo = 0; jo < 4; ++jo)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int n = 8 * (jo + 4 * u) + 2 * t + e;
-          const int lim = need_mask ? lim_s[n] : 0x7fffffff;
-          const float scn = qsc[n];
-          x[jo][e][0] = pos0 >= lim ? MASKED : x[jo][e][0] * inv0 * scn;
-          x[jo][e][1] = pos1 >= lim ? MASKED : x[jo][e][1] * inv1 * scn;
           float mm = fmaxf(x[jo][e][0], x[jo][e][1]);
           mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
           mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
           mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
           mx[jo][e] = mm;
         }
-      if (g == 0) {
+      if (g == 0) {  // red[u][c32][w]: one 16-byte load gives a column's four warp maxima
 #pragma unroll
-        for (int jo = 0; jo < 4; ++jo) sts_f32x2(sb + OFF_RED + 4u * (u32)((u * 4 + w) * 32 + 8 * jo + 2 * t), mx[jo][0], mx[jo][1]);
+        for (int jo = 0; jo < 4; ++jo)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) red[((u * 32) + 8 * jo + 2 * t + e) * 4 + w] = mx[jo][e];
       }
       if (lane == 0) ered[u * 4 + w] = ex;
       named_bar_sync(bar_wg, 128);  // maxima and exponents of the warpgroup written
@@ -450,23 +482,26 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
       const float vnorm = exp2i(127 - c_new);  // V' factor: s * 2^(127 - c)
 #pragma unroll
       for (int jo = 0; jo < 4; ++jo) {
-        float al[2];
+        const int c32 = 8 * jo + 2 * t, n = 32 * u + c32;  // columns n, n + 1
+        float mo[2], al[2];
+        lds_f32x2(sb + OFF_MRUN + 4u * (u32)(((k + 1) & 1) * NQ + n), mo[0], mo[1]);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int c32 = 8 * jo + 2 * t + e;
-          const float mt = fmaxf(fmaxf(red[(u * 4) * 32 + c32], red[(u * 4 + 1) * 32 + c32]),
-                                 fmaxf(red[(u * 4 + 2) * 32 + c32], red[(u * 4 + 3) * 32 + c32]));
-          const int n = 32 * u + c32;
-          const float mo = mrun[((k + 1) & 1) * NQ + n];
-          const float mn = fmaxf(mo, mt);
-          al[e] = fast_exp2(mo - mn);
-          if (w == 0 && g == 0) mrun[(k & 1) * NQ + n] = mn;
+          float r4[4];
+          lds_f32x4(sb + OFF_RED + 16u * (u32)(u * 32 + c32 + e), r4[0], r4[1], r4[2], r4[3]);
+          const float mt = fmaxf(fmaxf(r4[0], r4[1]), fmaxf(r4[2], r4[3]));
+          const float mn = fmaxf(mo[e], mt);
+          al[e] = fast_exp2(mo[e] - mn);
+          mo[e] = mn;
           const float p0 = fast_exp2(x[jo][e][0] - mn), p1 = fast_exp2(x[jo][e][1] - mn);
           l_run[jo][e] = l_run[jo][e] * al[e] + (p0 + p1);
-          sts_u16(p_base + swz(n, i0 >> 3) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p0, 0.f) & 0xffffu));
-          sts_u16(p_base + swz(n, (i0 >> 3) + 1) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p1, 0.f) & 0xffffu));
+          sts_u16(p_base + swz(n + e, i0 >> 3) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p0, 0.f) & 0xffffu));
+          sts_u16(p_base + swz(n + e, (i0 >> 3) + 1) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p1, 0.f) & 0xffffu));
         }
-        if (w == 0 && g == 0) sts_f32x2(sb + OFF_ALPHA + 4u * (u32)(32 * u + 8 * jo + 2 * t), al[0], al[1]);
+        if (w == 0 && g == 0) {
+          sts_f32x2(sb + OFF_ALPHA + 4u * (u32)n, al[0], al[1]);
+          sts_f32x2(sb + OFF_MRUN + 4u * (u32)((k & 1) * NQ + n), mo[0], mo[1]);
+        }
       }
       fence_proxy_async_smem();
       named_bar_sync(BAR_ALL, 256);  // P^T and alpha complete
