@@ -175,10 +175,12 @@ class KernelVariant:
 NARROW_FP8_STAGES = 4
 _NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 656 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16
 NARROW_FP8_SMEM_BYTES = _NARROW_FP8_USED + 1024
-# FP8 wide map (dense_decode_wide_fp8.cu): Q f16 64 KB + Q RoPE 8 KB + P^T 8 KB + S^T exchange 16 KB +
-# the stages (64 x 656 B) + red / ered / lred / qsc / alpha / lim / {m, L} / running max + 2 WIDE_FP8_STAGES mbarriers + ticket.
+# FP8 wide map (dense_decode_wide_fp8.cu): Q f16 64 KB + Q RoPE 8 KB + P' 8 KB + S^T exchange 16 KB +
+# V f16 64 KB + the half stages (32 x 656 B) + red / ered / lred / qsc / alpha / lim / {m, L} / running
+# max + 2 WIDE_FP8_STAGES mbarriers + ticket.
 WIDE_FP8_STAGES = 3
-_WIDE_FP8_USED = 65536 + 8192 + 8192 + 16384 + WIDE_FP8_STAGES * 64 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512 + 512 + 16 * WIDE_FP8_STAGES + 16
+_WIDE_FP8_USED = (65536 + 8192 + 8192 + 16384 + 65536 + WIDE_FP8_STAGES * 32 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512
+                  + 512 + 16 * WIDE_FP8_STAGES + 16)
 WIDE_FP8_SMEM_BYTES = _WIDE_FP8_USED + 1024
 _N16, _N32 = _narrow_slots(16), _narrow_slots(32)
 KERNELS = {

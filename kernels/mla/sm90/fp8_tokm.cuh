@@ -7,7 +7,8 @@
 //   e4m3x4_to_f16x2 / hmul2 / hmul2_bf16 / vmax4 / exp2i   conversion and scalar helpers
 //   wgmma_rs<DT, N>(d, a0..a3, desc_b, scale_d)   wgmma m64nNk16, A from registers, N = 16 or 64
 //   bulk_g2s(dst, src, bytes, bar)                  cp.async.bulk global -> shared, complete_tx on bar
-//   produce_rows<NSTAGE>(...)                       the producer warpgroup's loop (below)
+//   produce_rows<NSTAGE, HALVES>(...)               the producer warpgroup's loop (below)
+//   stsm_x4(addr, r0..r3) / stsm_x4_trans(...)      stmatrix.x4 (.trans): four 8x8 f16 matrices of a fragment
 //   q_logical_latent(p) / q_logical_rope(c)         the logical k index of a physical Q channel
 //
 // Logical channel order of the S^T GEMM (both kernels): in a 656-byte token row, k16 step 4j + q of
@@ -104,6 +105,21 @@ GQADRV_DEVICE void wgmma_rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u
 #undef TOKM_RS64
 }
 
+// stmatrix.m8n8.x4: matrix i (register ri of every lane, the mma fragment layout: lane 4g + t holds
+// row g, columns 2t, 2t + 1) goes to the rows whose addresses lanes 8i .. 8i + 7 give.
+GQADRV_DEVICE void stsm_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
+// The same, transposed: element (g, 2t + e) of matrix i goes to column g of row 2t + e.
+GQADRV_DEVICE void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
@@ -111,25 +127,29 @@ GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
 }
 
 // The producer warpgroup (warps 8..11 of the CTA, warp pw = warp - 8): for every tile k of the CTA's
-// split (tiles t_beg .. t_beg + nt - 1 of request row bt_row, KV head kvh), stage k % NSTAGE: wait
-// empty (parity starts at 1), lane 0 arrive.expect_tx(valid rows x 656 bytes) on full (one arrival
-// per producer warp: count 4), then copy token rows 16 pw .. 16 pw + 15 that are below tok_end: one
-// 10,496-byte bulk copy when the cache rows are 656 bytes apart, the page holds >= 16 tokens and all
-// 16 rows are valid, else one 656-byte copy per valid row. Rows at or past tok_end are never read,
-// nor their block-table entries; the entries of the next tile are read one tile ahead.
-template <int NSTAGE, class FullBar, class EmptyBar, class StageAt>
+// split (tiles t_beg .. t_beg + nt - 1 of request row bt_row, KV head kvh) and its HALVES stages of
+// 64 / HALVES rows (stage index i = HALVES k + pw / (4 / HALVES), slot i % NSTAGE): wait empty
+// (parity starts at 1), lane 0 arrive.expect_tx(valid rows x 656 bytes) on full (one arrival per
+// producer warp: count 4 / HALVES), then copy token rows 16 pw .. 16 pw + 15 of the tile that are below
+// tok_end: one 10,496-byte bulk copy when the cache rows are 656 bytes apart, the page holds >= 16
+// tokens and all 16 rows are valid, else one 656-byte copy per valid row. Rows at or past tok_end are
+// never read, nor their block-table entries; the entries of the next tile are read one tile ahead.
+template <int NSTAGE, int HALVES = 1, class FullBar, class EmptyBar, class StageAt>
 GQADRV_DEVICE void produce_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh, int t_beg, int nt, int tok_end,
                                 int pw, int lane, FullBar full_bar, EmptyBar empty_bar, StageAt stage_at) {
+  static_assert(HALVES == 1 || HALVES == 2, "produce_rows: stages of 64 or 32 rows");
   const int r = 16 * pw + (lane & 15);
+  const int h = pw / (4 / HALVES);             // the warp's stage of the tile
+  const int rs = r - h * (64 / HALVES);        // its rows' place in that stage
   auto blk_at = [&](int tile) { return tile * 64 + r < tok_end ? bt_row[(tile * 64 + r) >> a.page_shift] : 0; };
   int blk = nt > 0 ? blk_at(t_beg) : 0;
   const bool contiguous = a.k_stride_tok == (long long)(ROW / 2) && a.page_size >= 16;
 #pragma unroll 1
   for (int k = 0; k < nt; ++k) {
-    const int tile = t_beg + k, s = k % NSTAGE;
+    const int tile = t_beg + k, i = HALVES * k + h, s = i % NSTAGE;
     const int nxt = k + 1 < nt ? blk_at(tile + 1) : 0;
     const int nvw = min(max(tok_end - tile * 64 - 16 * pw, 0), 16);  // valid rows of this warp
-    mbar_wait_wd(empty_bar(s), (u32)((k / NSTAGE) & 1) ^ 1u);
+    mbar_wait_wd(empty_bar(s), (u32)((i / NSTAGE) & 1) ^ 1u);
     if (lane == 0) mbar_arrive_expect_tx(full_bar(s), (u32)nvw * ROW);
     __syncwarp();
     const int tok = tile * 64 + r;
@@ -137,9 +157,9 @@ GQADRV_DEVICE void produce_rows(const MlaDecodeArgs& a, const i32* bt_row, int k
                                                 (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
                                                 (long long)kvh * a.k_stride_head);
     if (contiguous && nvw == 16) {  // the warp's 16 rows are one run of the page: one copy
-      if (lane == 0) bulk_g2s(stage_at(s) + (u32)r * ROW, src, 16 * ROW, full_bar(s));
+      if (lane == 0) bulk_g2s(stage_at(s) + (u32)rs * ROW, src, 16 * ROW, full_bar(s));
     } else if (lane < nvw) {
-      bulk_g2s(stage_at(s) + (u32)r * ROW, src, ROW, full_bar(s));
+      bulk_g2s(stage_at(s) + (u32)rs * ROW, src, ROW, full_bar(s));
     }
     blk = nxt;
   }
