@@ -171,16 +171,16 @@ class KernelVariant:
 
 
 # FP8 narrow map (dense_decode_narrow_fp8.cu): Q f16 16 KB + Q RoPE 2 KB + P^T 2 x 2 KB + the stages
-# (64 token rows x 656 B) + red / ered / lred / qsc + 2 NARROW_FP8_STAGES mbarriers + ticket.
+# (64 token rows x 656 B) + red / ered / lred / qsc + 2 NARROW_FP8_STAGES mbarriers + ticket + wg_all flags.
 NARROW_FP8_STAGES = 4
-_NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 656 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16
+_NARROW_FP8_USED = 16384 + 2048 + 4096 + NARROW_FP8_STAGES * 64 * 656 + 512 + 32 + 512 + 64 + 16 * NARROW_FP8_STAGES + 16 + 32
 NARROW_FP8_SMEM_BYTES = _NARROW_FP8_USED + 1024
 # FP8 wide map (dense_decode_wide_fp8.cu): Q f16 64 KB + Q RoPE 8 KB + P' 8 KB + S^T exchange 16 KB +
 # V f16 64 KB + the half stages (32 x 656 B) + red / ered / lred / qsc / alpha / lim / {m, L} / running
-# max + 2 WIDE_FP8_STAGES mbarriers + ticket.
+# max + 2 WIDE_FP8_STAGES mbarriers + ticket + wg_all flags.
 WIDE_FP8_STAGES = 3
 _WIDE_FP8_USED = (65536 + 8192 + 8192 + 16384 + 65536 + WIDE_FP8_STAGES * 32 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512
-                  + 512 + 16 * WIDE_FP8_STAGES + 16)
+                  + 512 + 16 * WIDE_FP8_STAGES + 16 + 32)
 WIDE_FP8_SMEM_BYTES = _WIDE_FP8_USED + 1024
 _N16, _N32 = _narrow_slots(16), _narrow_slots(32)
 KERNELS = {

@@ -103,7 +103,8 @@ constexpr u32 OFF_LRED = OFF_ERED + 2 * 4 * 4;      // lred[2][4][NQ] f32
 constexpr u32 OFF_QSC = OFF_LRED + 2 * 4 * NQ * 4;  // qsc[NQ] f32: 2^e_n
 constexpr u32 OFF_BAR = OFF_QSC + NQ * 4;           // full[NSTAGE], empty[NSTAGE]
 constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSTAGE);
-constexpr u32 SMEM_USED = OFF_TICKET + 16;
+constexpr u32 OFF_WFLAG = OFF_TICKET + 16;          // wg_all flags [2][4] u32
+constexpr u32 SMEM_USED = OFF_WFLAG + 32;
 constexpr int THREADS = 384;
 constexpr int BAR_ALL = 1;  // 256 consumer threads
 constexpr int BAR_WG0 = 2;  // + u: 128 threads of warpgroup u
@@ -111,6 +112,7 @@ constexpr u32 STG_BF16 = 1024u + 16u;  // output staging row strides (bank sprea
 constexpr u32 STG_F32 = 2048u + 16u;
 constexpr u32 DUMP_O = 0;                      // warpgroup 1's O^T (fp32 [NQ][512]) in the ring
 constexpr u32 DUMP_ML = NQ * 512 * 4;          // its {m, L} per row
+static_assert(OFF_WFLAG % 16 == 0, "wg_all flags are read as one 16-byte load");
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the FP8 narrow smem map");
 static_assert(OFF_QR % 1024 == 0 && OFF_P % 1024 == 0 && OFF_RING % 1024 == 0, "swizzle atoms are 1 KB aligned");
 static_assert(NQ * STG_F32 <= NSTAGE * STAGE && DUMP_ML + NQ * 8 <= NSTAGE * STAGE, "epilogue staging fits the ring");
@@ -256,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
       lim[j][e] = min(row_key_limit(a, len, 8 * j + 2 * t + e), tok_end);
     }
   const int lim_min = min(row_key_limit(a, len, 0), tok_end);
-  int c_run = 0;  // scale exponent of this warp's channel block (w), biased as in float
+  u32 c_run4 = 0u;  // running scale exponent of each channel block (byte b: block b), biased as in float, <= 253
   float* red = reinterpret_cast<float*>(smem + OFF_RED) + u * 4 * NQ;
   u32* ered = reinterpret_cast<u32*>(smem + OFF_ERED) + u * 4;
   float* qsc = reinterpret_cast<float*>(smem + OFF_QSC);
@@ -369,11 +371,10 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
       const int pos0 = tile * 64 + rho0, pos1 = tile * 64 + rho1;  // key positions of rows i0, i0 + 8
       const bool need_mask = (tile + 1) * 64 > lim_min;
       float x[NJ][2][2];  // [j][e][h]
-      float mx[NJ][2];
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
+        for (int e = 0; e < 2; ++e)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int i = 4 * j + 2 * h + e;
@@ -382,13 +383,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
                              sv[3] * sacc[3][i]) * sc[j][e];
             x[j][e][h] = (need_mask && (h ? pos1 : pos0) >= lim[j][e]) ? MASKED : v;
           }
-          float mm = fmaxf(x[j][e][0], x[j][e][1]);
-          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
-          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
-          mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
-          mx[j][e] = mm;
-        }
-      // scale exponents of the valid rows, 8 bits per block
+      // scale exponents of the valid rows, 8 bits per block (clamped to 253)
       u32 ex = 0u;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -400,43 +395,75 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
           ex = vmax4(ex, e4);
         }
       }
-      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 4));
-      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 8));
-      ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 16));
-      if (g == 0) {
+      ex = __vminu4(ex, 0xfdfdfdfdu);
+      // fast path (uniform in the warpgroup, one wg_all vote): every logit within 8 of its row's running
+      // max (p <= 2^8) and no block exponent above its running one: maxima, alpha and c stay;
+      // otherwise the exact tile maxima and block exponents (slow path)
+      bool fits = vmax4(ex, c_run4) == c_run4;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) fits = fits && x[j][e][0] <= m_run[j][e] + 8.f && x[j][e][1] <= m_run[j][e] + 8.f;
+      float alpha[NJ][2];
+      float beta = 1.f;
+      if (wg_all(sb + OFF_WFLAG + 16u * (u32)u, w, lane, bar_wg, fits)) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) alpha[j][0] = alpha[j][1] = 1.f;
+      } else {
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) red[w * NQ + 8 * j + 2 * t + e] = mx[j][e];
+          for (int e = 0; e < 2; ++e) {
+            float mm = fmaxf(x[j][e][0], x[j][e][1]);
+            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
+            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
+            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
+            if (g == 0) red[w * NQ + 8 * j + 2 * t + e] = mm;
+          }
+        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 4));
+        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 8));
+        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 16));
+        if (lane == 0) ered[w] = ex;
+        named_bar_sync(bar_wg, 128);
+        const u32 c_new4 = vmax4(c_run4, vmax4(vmax4(ered[0], ered[1]), vmax4(ered[2], ered[3])));
+        beta = exp2i((int)((c_run4 >> (8 * w)) & 0xffu) - (int)((c_new4 >> (8 * w)) & 0xffu));
+        c_run4 = c_new4;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int n = 8 * j + 2 * t + e;
+            const float mt = fmaxf(fmaxf(red[n], red[NQ + n]), fmaxf(red[2 * NQ + n], red[3 * NQ + n]));
+            const float mn = fmaxf(m_run[j][e], mt);
+            alpha[j][e] = fast_exp2(m_run[j][e] - mn);
+            m_run[j][e] = mn;
+          }
       }
-      if (lane == 0) ered[w] = ex;
-      named_bar_sync(bar_wg, 128);
+      // (both paths passed a warpgroup barrier after the last S^T read of the stage)
       if (nvalid < 64) {  // the split's last tile: rows >= nvalid hold stale bytes; zero their codes and
-                          // scales (every S^T read of the stage is done) so that O^T reads zeros there
+                          // scales so that O^T reads zeros there
 #pragma unroll 1
         for (int i = ctid; i < (64 - nvalid) * 33; i += 128)
           sts_zero16(st + (u32)(nvalid + i / 33) * RS + 16u * (u32)(i % 33));
       }
-      const u32 exw = vmax4(vmax4(ered[0], ered[1]), vmax4(ered[2], ered[3]));
-      const int c_new = max(c_run, min((int)((exw >> (8 * w)) & 0xffu), 253));
-      const float beta = exp2i(c_run - c_new);
-      c_run = c_new;
-      const float vnorm = exp2i(127 - c_new);  // V' factor: s * 2^(127 - c_w)
-      float alpha[NJ][2];
+      const float vnorm = exp2i(127 - (int)((c_run4 >> (8 * w)) & 0xffu));  // V' factor: s * 2^(127 - c_w)
+      u32 pk[NJ][2];  // [j][h]: f16x2 P of rows 8j + 2t, + 1 at token i0 + 8h
 #pragma unroll
-      for (int j = 0; j < NJ; ++j)
+      for (int j = 0; j < NJ; ++j) {
+        float pp[2][2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int n = 8 * j + 2 * t + e;
-          const float mt = fmaxf(fmaxf(red[n], red[NQ + n]), fmaxf(red[2 * NQ + n], red[3 * NQ + n]));
-          const float mn = fmaxf(m_run[j][e], mt);
-          alpha[j][e] = fast_exp2(m_run[j][e] - mn);
-          m_run[j][e] = mn;
-          const float p0 = fast_exp2(x[j][e][0] - mn), p1 = fast_exp2(x[j][e][1] - mn);
-          l_run[j][e] = l_run[j][e] * alpha[j][e] + (p0 + p1);
-          sts_u16(p_base + swz(n, i0 >> 3) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p0, 0.f) & 0xffffu));
-          sts_u16(p_base + swz(n, (i0 >> 3) + 1) + 2u * (u32)(i0 & 7), (u16)(pack2<0>(p1, 0.f) & 0xffffu));
+          pp[e][0] = fast_exp2(x[j][e][0] - m_run[j][e]);
+          pp[e][1] = fast_exp2(x[j][e][1] - m_run[j][e]);
+          l_run[j][e] = l_run[j][e] * alpha[j][e] + (pp[e][0] + pp[e][1]);
         }
+        pk[j][0] = pack2<0>(pp[0][0], pp[1][0]);
+        pk[j][1] = pack2<0>(pp[0][1], pp[1][1]);
+      }
+      {  // P^T rows n = 8j + lane % 8, 16-byte chunk 2w + h: stmatrix.trans of the 8 x 8 blocks (j, h)
+        const int mi = lane >> 3;
+        stsm_x4_trans(p_base + swz(8 * (mi >> 1) + (lane & 7), 2 * w + (mi & 1)), pk[0][0], pk[0][1], pk[1][0], pk[1][1]);
+      }
       bool rescale = beta != 1.f;
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
@@ -493,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
       if (g == 0) lred[w * NQ + 8 * j + 2 * t + e] = l;
     }
   {
-    const float unit = exp2i(c_run - 127);
+    const float unit = exp2i((int)((c_run4 >> (8 * w)) & 0xffu) - 127);
 #pragma unroll
     for (int m = 0; m < 8; ++m)
 #pragma unroll

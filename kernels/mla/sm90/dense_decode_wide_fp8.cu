@@ -112,11 +112,13 @@ constexpr u32 OFF_ML = OFF_LIM + NQ * 4;             // {m, L}[64]
 constexpr u32 OFF_MRUN = OFF_ML + NQ * 8;            // running max [2][64] f32 (by tile parity)
 constexpr u32 OFF_BAR = OFF_MRUN + 2 * NQ * 4;       // full[NSTAGE], empty[NSTAGE]
 constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSTAGE);
-constexpr u32 SMEM_USED = OFF_TICKET + 16;
+constexpr u32 OFF_WFLAG = OFF_TICKET + 16;          // wg_all flags [2][4] u32
+constexpr u32 SMEM_USED = OFF_WFLAG + 32;
 constexpr int THREADS = 384;
 constexpr int BAR_ALL = 1;   // 256 consumer threads
 constexpr int BAR_WG0 = 2;   // + u: 128 threads of warpgroup u
 constexpr int E_MAX = 60;    // E_tok clamp
+static_assert(OFF_WFLAG % 16 == 0, "wg_all flags are read as one 16-byte load");
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the FP8 wide smem map");
 static_assert(OFF_QR % 1024 == 0 && OFF_P % 1024 == 0 && OFF_V % 1024 == 0, "swizzle atoms are 1 KB aligned");
 static_assert(OFF_RING % 16 == 0 && HSTAGE % 16 == 0, "bulk copies land on 16-byte boundaries");
@@ -132,15 +134,6 @@ GQADRV_DEVICE void sts_f32x4(u32 addr, float x, float y, float z, float w) {
 }
 GQADRV_DEVICE void lds_f32x2(u32 addr, float& x, float& y) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "r"(addr));
-}
-// bar.red.and over the `count` threads of named barrier `id`: true when v is true in every one of them.
-GQADRV_DEVICE bool bar_red_and(u32 id, u32 count, bool v) {
-  u32 r;
-  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n bar.red.and.pred p, %2, %3, q;\n selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(r)
-               : "r"((u32)v), "r"(id), "r"(count)
-               : "memory");
-  return r != 0u;
 }
 GQADRV_DEVICE u32 f16x2_splat(float v) { return pack2<0>(v, v); }
 GQADRV_DEVICE u32 bf16x2_splat(float v) { return pack2<1>(v, v); }
@@ -480,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
       }
       // running maxima: a column keeps its running max m while no logit of the tile exceeds m + 8 (so
       // p <= 2^8) and E_run stays while no token's E_tok is below it: then the warpgroup takes the fast
-      // path (one bar.red, alpha = 1); otherwise the exact tile maxima and E_tok minimum (slow path)
+      // path (one warpgroup vote, wg_all; alpha = 1); otherwise the exact tile maxima and E_tok minimum (slow path)
       float mo[4][2], al[4][2];
 #pragma unroll
       for (int jo = 0; jo < 4; ++jo)
@@ -491,7 +484,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) fits = fits && x[jo][e][0] <= mo[jo][e] + 8.f && x[jo][e][1] <= mo[jo][e] + 8.f;
       int e_new = e_run;
-      if (bar_red_and(bar_wg, 128, fits)) {  // fast path (uniform in the warpgroup)
+      if (wg_all(sb + OFF_WFLAG + 16u * (u32)u, w, lane, bar_wg, fits)) {  // fast path (uniform in the warpgroup)
 #pragma unroll
         for (int jo = 0; jo < 4; ++jo) al[jo][0] = al[jo][1] = 1.f;
       } else {

@@ -9,6 +9,7 @@
 //   bulk_g2s(dst, src, bytes, bar)                  cp.async.bulk global -> shared, complete_tx on bar
 //   produce_rows<NSTAGE, HALVES>(...)               the producer warpgroup's loop (below)
 //   stsm_x4(addr, r0..r3) / stsm_x4_trans(...)      stmatrix.x4 (.trans): four 8x8 f16 matrices of a fragment
+//   wg_all(flags, w, lane, id, v)                   a warpgroup-wide AND of v through 4 smem flags + barrier id
 //   q_logical_latent(p) / q_logical_rope(c)         the logical k index of a physical Q channel
 //
 // Logical channel order of the S^T GEMM (both kernels): in a 656-byte token row, k16 step 4j + q of
@@ -118,6 +119,17 @@ GQADRV_DEVICE void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
                : "memory");
+}
+
+// A vote of the 128 threads (4 warps) of a warpgroup: true when v holds in every one of them. flags:
+// the warpgroup's 4 u32 in shared memory (16-byte aligned), written before and read after named barrier
+// `id`; the caller orders the next vote's writes after this vote's reads (a later barrier).
+GQADRV_DEVICE bool wg_all(u32 flags, int w, int lane, u32 id, bool v) {
+  const bool wv = __all_sync(0xffffffffu, v);
+  if (lane == 0) sts_u32(flags + 4u * (u32)w, wv ? 1u : 0u);
+  named_bar_sync(id, 128);
+  const U32x4 f = lds_u32x4(flags);
+  return (f.x & f.y & f.z & f.w) != 0u;
 }
 
 GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
