@@ -43,7 +43,8 @@
 //           + 2 KB           Qr: 16 rows x 64 logical RoPE channels, bf16, 128B swizzle
 //           + 2 x 2 KB       P^T of each warpgroup: 16 rows x 64 logical tokens, f16, swizzled K-major
 //           + 4 x 41,984 B   ring of NSTAGE tile stages (64 x 656 B)
-//           + red / ered / lred (per warpgroup and warp), qsc[16], mbarriers full / empty [NSTAGE], ticket
+//           + red / ered / lred (per warpgroup and warp), qsc[16], mbarriers full / empty [NSTAGE], ticket,
+//             wflag[2][4] (the votes)
 //           epilogue: the ring holds warpgroup 1's O^T and statistics, then the output staging rows and
 //           the [16][S] merge weights.
 // Barriers  full[s] (count 4: one arrive.expect_tx per producer warp with its valid rows x 656 bytes,
@@ -51,7 +52,8 @@
 //           warpgroup after its own last shared-memory read of the stage: a per-warp arrival after
 //           __syncwarp left the other lanes' reads unordered with the next bulk write, which
 //           racecheck reported). Named: 1 = both consumer warpgroups (256: Q written; epilogue
-//           hand-off), 2 / 3 = warpgroup 0 / 1 (128: per tile, maxima written; P written; epilogue).
+//           hand-off), 2 / 3 = warpgroup 0 / 1 (128: per tile, the vote and in the slow path the maxima
+//           written; P written; epilogue).
 // Pipeline  producer warp pw, tile k of the CTA, stage k % NSTAGE: wait empty (parity starts at 1),
 //           lane 0 arrive.expect_tx; then, when the cache rows are 656 bytes apart, the page holds >= 16
 //           tokens and all 16 rows are valid, lane 0 copies them with one 10,496-byte cp.async.bulk;
@@ -60,13 +62,16 @@
 //           next tile are read one tile ahead.
 //           consumer warpgroup u, tile k: wait full; S^T in two halves of 16 wgmmas (4 independent
 //           accumulator chains, wait between halves) + 4 RoPE wgmmas; combine with the scales; softmax
-//           over the 64 tokens (column max through red[] + barrier, scale exponents through ered[]; the
-//           O^T rescale is skipped when no running max and no c_b changed); P^T -> smem (+ proxy
-//           fence, barrier); O^T in 4 k16 batches of 8 wgmmas (wait<1> between batches); release the
+//           over the 64 tokens: the warpgroup votes (wg_all, barrier 2 / 3) whether every logit is
+//           <= its row's running max + 8 and no valid token's block exponent exceeds the running c_b;
+//           if so (most tiles) maxima, alpha (= 1) and c_b stay (p <= 2^8 then), else the column max
+//           through red[] + barrier and the exponents through ered[] (the O^T rescale is skipped when
+//           no running max and no c_b changed); P^T -> smem by stmatrix.trans (+ proxy fence,
+//           barrier); O^T in 4 k16 batches of 8 wgmmas (wait<1> between batches); release the
 //           stage after the last fragment loads.
 // Masking   logits of keys >= the row's limit -> -1e33 (scaled, log2 domain), running max from -1e30;
 //           in the split's last tile the 528 code + scale bytes of rows >= tok_end are zeroed (they
-//           hold stale bytes of an earlier tile) between the two per-tile barriers, so their V'
+//           hold stale bytes of an earlier tile) between the per-tile vote and the P barrier, so their V'
 //           factor is 0 and their scales never enter c_b.
 // Split     as dense_decode_narrow.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and
 //           {m, l}, takes the ticket, and the last CTA merges.

@@ -51,22 +51,25 @@
 //                             (read MN-major); blocks 4u .. 4u + 3 written and read by warpgroup u only
 //           + 3 x 20,992 B    ring of NSTAGE half stages (32 x 656 B)
 //           + red[2][32][4] / ered[2][4] / lred[2][4][32], qsc[64], alpha[64], lim[64], {m, L}[64],
-//             running max [2][64], mbarriers full / empty [NSTAGE], ticket
+//             running max [2][64], mbarriers full / empty [NSTAGE], ticket, wflag[2][4]
 //           the merge weights ([64][S] fp32) use the exchange area, V and the ring after the last tile.
 // Barriers  full[s] (count 2: one arrive.expect_tx per producer warp of the half, completed by its bulk
 //           copies), empty[s] (count 128: every consumer thread of the half's four warps after its own
 //           last read of the stage). Named: 1 = both consumer warpgroups (256; per tile: partials
-//           exchanged; P' and alpha written), 2 / 3 = warpgroup 0 / 1 (128; per tile: column maxima and
-//           E_tok minima written; the previous tile's P V wgmmas retired before V is overwritten).
+//           exchanged; P' and alpha written), 2 / 3 = warpgroup 0 / 1 (128; per tile: the softmax vote
+//           (wg_all, flags wflag[u][4]); in the slow path column maxima and E_tok minima written; the
+//           previous tile's P V wgmmas retired before V is overwritten).
 // Pipeline  consumer thread, tile k, half stage 2k + w / 2: wait full; scales of its two tokens (in the
 //           split's last tile, stale rows: its own units zeroed, scales dropped) -> E_tok and the f16
 //           block factors; S^T in eight groups of 2 wgmmas (a group's codes converted while the previous one
 //           runs, at most two in flight), each group's fragments stored to V (stmatrix), + 2 RoPE
 //           wgmmas; release the half stage; write the other warpgroup's columns to the exchange,
-//           barrier 1, add the other's partial of its own columns; softmax of its own columns (maxima
-//           and E_tok minima through red[] / ered[] and barrier 2 / 3); P' and the rescale factors to
-//           smem; proxy fence; barrier 1; rescale O (skipped when no max and E_run changed); O += P' V
-//           (4 wgmmas); wait; barrier 2 / 3.
+//           barrier 1, add the other's partial of its own columns; softmax of its own columns: the
+//           warpgroup votes (barrier 2 / 3) whether every logit is <= its column's running max + 8 and
+//           every E_tok >= E_run; if so (most tiles) maxima, alpha (= 1) and E_run stay (p <= 2^8 then),
+//           else the exact tile maxima and E_tok minimum through red[] / ered[] and barrier 2 / 3; P'
+//           (stmatrix.trans of 8 x 8 blocks) and the rescale factors to smem; proxy fence; barrier 1;
+//           rescale O (skipped when no max and E_run changed); O += P' V (4 wgmmas); wait; barrier 2 / 3.
 // Masking   logits of keys >= the column's limit -> -1e33 (scaled, log2 domain), running max from -1e30;
 //           in the split's last tile the rows >= tok_end of a half stage (stale bytes of an earlier tile
 //           or never written): every thread zeroes the 16-byte units it reads itself before reading them
