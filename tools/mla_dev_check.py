@@ -969,6 +969,76 @@ def narrow_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bu
     run(agents, m, {2: 4, 3: 4})
 
 
+def wide_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bug: str | None = None) -> None:
+    """Transcription of dense_decode_wide_fp8.cu's protocol: 4 producer warps (warp pw bulk-copies rows
+    16 pw .. 16 pw + 15 of every tile into half stage i = 2k + pw // 2, slot i % nstage: one arrival
+    with its bytes on full[slot], count 2) and two consumer warpgroups of 4 warps, both on every tile.
+    Warp w of warpgroup u reads row block w % 2 of half stage 2k + w // 2 (its own 16-byte units:
+    block (slot, w % 2, u)), converts the codes and stores them into its rows of the warpgroup's V
+    tile (block ("V", u, w)), then arrives on empty (count 4 here: the 2 warps of each warpgroup that
+    read the half; 128 threads in the kernel). Exchange and P' / alpha through named barrier 1 (8
+    warps), the softmax vote through the warpgroup's barrier 2 + u, then P' V (a wgmma group reading
+    all four V blocks of the warpgroup and all eight P' blocks), wait_group 0 and the warpgroup
+    barrier that ends the tile. ``tail``: in the last tile each warp zeroes its own units before
+    reading them. ``bug``: 'early_release' (empty arrival before the code reads), 'parity' (wrong full
+    parity), 'no_end_barrier' (the tile's closing warpgroup barrier left out: a warp may store the next
+    tile's V while another warp's P' V group still reads it), 'own_wait_only' (a producer warp waits only
+    on its own half's empty barriers: with nstage 3 it can load into a slot two phases early)."""
+    m = Machine(random.Random(seed))
+    for s in range(nstage):
+        m.init_mbar(("full", s), 2)
+        m.init_mbar(("empty", s), 4)
+
+    def producer(pw):
+        h = pw // 2
+        for k in range(ntiles):
+            i = 2 * k + h
+            s = i % nstage
+            # every stage of the tile in order (both halves): with an odd nstage a slot serves both
+            # halves in turn, and a parity wait cannot tell phase n from n + 2 ('own_wait_only' skips it)
+            for j in ((2 * k, 2 * k + 1) if bug != "own_wait_only" else (i,)):
+                yield ("wait", ("empty", j % nstage), ((j // nstage) & 1) ^ 1)
+            for u in range(2):
+                yield ("load", ("stage", s, pw % 2, u), ("rows", k, pw))
+            yield ("noinc", ("full", s))
+
+    def consumer(u, w):
+        bar = 2 + u
+        h = w // 2
+        for k in range(ntiles):
+            i = 2 * k + h
+            s = i % nstage
+            par = (i // nstage) & 1
+            yield ("wait", ("full", s), par ^ 1 if bug == "parity" else par)
+            own = ("stage", s, w % 2, u)
+            want = ("rows", k, 2 * h + w % 2)
+            if tail and k == ntiles - 1:
+                yield ("write", own, ("zero", k), f"tail zero t{k} wg{u} w{w}")
+                want = ("zero", k)
+            if bug == "early_release":
+                yield ("arrive", ("empty", s))
+            yield ("read", own, want, f"S^T t{k} wg{u} w{w}")
+            yield ("write", ("V", u, w), ("V", k), f"V t{k} wg{u} w{w}")
+            if bug != "early_release":
+                yield ("arrive", ("empty", s))
+            yield ("write", ("X", u, w), ("X", k), f"X t{k}")
+            yield ("nb_sync", 1)  # partials exchanged
+            yield ("read", ("X", 1 - u, w), ("X", k), f"X read t{k} wg{u} w{w}")
+            yield ("nb_sync", bar)  # the vote (and the slow path's maxima)
+            yield ("write", ("P", u, w), ("P", k), f"P t{k} wg{u} w{w}")
+            yield ("nb_sync", 1)  # P' and alpha written
+            reads = [(("V", u, w2), ("V", k)) for w2 in range(4)]
+            reads += [(("P", u2, w2), ("P", k)) for u2 in range(2) for w2 in range(4)]
+            yield ("gemm", reads, f"P'V t{k} wg{u} w{w}")
+            yield ("wait_group", 0)
+            if bug != "no_end_barrier":
+                yield ("nb_sync", bar)  # the tile's V reads retired before the next tile's stores
+
+    agents = {f"producer{pw}": producer(pw) for pw in range(4)}
+    agents.update({f"wg{u}w{w}": consumer(u, w) for u in range(2) for w in range(4)})
+    run(agents, m, {1: 8, 2: 4, 3: 4})
+
+
 def protocol_model(seeds: int = 40) -> list[str]:
     problems = []
     for npairs in (1, 2, 3, 5):
@@ -1009,6 +1079,15 @@ def protocol_model(seeds: int = 40) -> list[str]:
                         narrow_fp8_model(ntiles, nstage, seed, tail)
                     except ModelError as exc:
                         problems.append(f"narrow_fp8 nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
+                        break
+    for nstage in (3, 2, 4):
+        for ntiles in (1, 2, 3, 5, 8):
+            for tail in (False, True):
+                for seed in range(seeds // 2):
+                    try:
+                        wide_fp8_model(ntiles, nstage, seed, tail)
+                    except ModelError as exc:
+                        problems.append(f"wide_fp8 nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
                         break
     return problems
 

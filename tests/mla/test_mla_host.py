@@ -173,6 +173,12 @@ def test_layout_and_barrier_protocol_models():
         with pytest.raises(mod.ModelError, match=msg):
             for seed in range(8):
                 mod.narrow_fp8_model(9, 4, seed, True, bug)
+    # ... and so does the FP8 wide protocol (half stages, the V tile, the tile's closing barrier)
+    for bug, msg in (("early_release", "in flight|holds"), ("parity", "holds"), ("no_end_barrier", "in-flight wgmma group|holds"),
+                     ("own_wait_only", "in flight|holds")):
+        with pytest.raises(mod.ModelError, match=msg):
+            for seed in range(16):
+                mod.wide_fp8_model(6, 3, seed, True, bug)
     # the model can fail: a consumer write to a K block that a wgmma group still reads is reported
     with pytest.raises(mod.ModelError, match="in-flight wgmma group"):
         m = mod.Machine(mod.random.Random(0))

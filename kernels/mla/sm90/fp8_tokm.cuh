@@ -146,6 +146,10 @@ GQADRV_DEVICE void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
 // tok_end: one 10,496-byte bulk copy when the cache rows are 656 bytes apart, the page holds >= 16
 // tokens and all 16 rows are valid, else one 656-byte copy per valid row. Rows at or past tok_end are
 // never read, nor their block-table entries; the entries of the next tile are read one tile ahead.
+// With half stages and an odd NSTAGE a slot serves both halves in turn, so a warp must wait on every
+// stage's empty barrier in order (both halves of each tile), not only on its own: a parity wait cannot
+// tell phase n from phase n + 2, and a warp that skipped the other half's use of a slot could pass its
+// next wait on that slot while the slot is still being read (tools/mla_dev_check.py wide_fp8_model).
 template <int NSTAGE, int HALVES = 1, class FullBar, class EmptyBar, class StageAt>
 GQADRV_DEVICE void produce_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh, int t_beg, int nt, int tok_end,
                                 int pw, int lane, FullBar full_bar, EmptyBar empty_bar, StageAt stage_at) {
@@ -161,7 +165,15 @@ GQADRV_DEVICE void produce_rows(const MlaDecodeArgs& a, const i32* bt_row, int k
     const int tile = t_beg + k, i = HALVES * k + h, s = i % NSTAGE;
     const int nxt = k + 1 < nt ? blk_at(tile + 1) : 0;
     const int nvw = min(max(tok_end - tile * 64 - 16 * pw, 0), 16);  // valid rows of this warp
+    if (HALVES == 2 && h == 1) {  // first the other half's stage of this tile: see below
+      const int j = i - 1;
+      mbar_wait_wd(empty_bar(j % NSTAGE), (u32)((j / NSTAGE) & 1) ^ 1u);
+    }
     mbar_wait_wd(empty_bar(s), (u32)((i / NSTAGE) & 1) ^ 1u);
+    if (HALVES == 2 && h == 0) {
+      const int j = i + 1;
+      mbar_wait_wd(empty_bar(j % NSTAGE), (u32)((j / NSTAGE) & 1) ^ 1u);
+    }
     if (lane == 0) mbar_arrive_expect_tx(full_bar(s), (u32)nvw * ROW);
     __syncwarp();
     const int tok = tile * 64 + r;
