@@ -55,7 +55,8 @@
 //           the merge weights ([64][S] fp32) use the exchange area, V and the ring after the last tile.
 // Barriers  full[s] (count 2: one arrive.expect_tx per producer warp of the half, completed by its bulk
 //           copies), empty[s] (count 128: every consumer thread of the half's four warps after its own
-//           last read of the stage). Named: 1 = both consumer warpgroups (256; per tile: partials
+//           last read of the stage; with 3 slots a slot serves both halves in turn, so every producer
+//           warp waits on both halves' empty barriers of a tile, in order). Named: 1 = both consumer warpgroups (256; per tile: partials
 //           exchanged; P' and alpha written), 2 / 3 = warpgroup 0 / 1 (128; per tile: the softmax vote
 //           (wg_all, flags wflag[u][4]); in the slow path column maxima and E_tok minima written; the
 //           previous tile's P V wgmmas retired before V is overwritten).
