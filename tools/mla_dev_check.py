@@ -1071,24 +1071,17 @@ def protocol_model(seeds: int = 40) -> list[str]:
                 except ModelError as exc:
                     problems.append(f"narrow nslot {nslot} ntiles {ntiles} seed {seed}: {exc}")
                     break
-    for nstage in (4, 2):
-        for ntiles in (1, 2, 3, 5, 9):
-            for tail in (False, True):
-                for seed in range(seeds // 2):
-                    try:
-                        narrow_fp8_model(ntiles, nstage, seed, tail)
-                    except ModelError as exc:
-                        problems.append(f"narrow_fp8 nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
-                        break
-    for nstage in (3, 2, 4):
-        for ntiles in (1, 2, 3, 5, 8):
-            for tail in (False, True):
-                for seed in range(seeds // 2):
-                    try:
-                        wide_fp8_model(ntiles, nstage, seed, tail)
-                    except ModelError as exc:
-                        problems.append(f"wide_fp8 nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
-                        break
+    for name, model, nstages, tile_counts in (("narrow_fp8", narrow_fp8_model, (4, 2), (1, 2, 3, 5, 9)),
+                                              ("wide_fp8", wide_fp8_model, (3, 2, 4), (1, 2, 3, 5, 8))):
+        for nstage in nstages:
+            for ntiles in tile_counts:
+                for tail in (False, True):
+                    for seed in range(seeds // 2):
+                        try:
+                            model(ntiles, nstage, seed, tail)
+                        except ModelError as exc:
+                            problems.append(f"{name} nstage {nstage} ntiles {ntiles} tail {tail} seed {seed}: {exc}")
+                            break
     return problems
 
 

@@ -419,15 +419,10 @@ extern "C" __global__ void __launch_bounds__(mla::nfp8::THREADS, 1)
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float mm = fmaxf(x[j][e][0], x[j][e][1]);
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
+            const float mm = over_g(fmaxf(x[j][e][0], x[j][e][1]), [](float p, float q) { return fmaxf(p, q); });
             if (g == 0) red[w * NQ + 8 * j + 2 * t + e] = mm;
           }
-        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 4));
-        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 8));
-        ex = vmax4(ex, __shfl_xor_sync(0xffffffffu, ex, 16));
+        ex = over_g(ex, vmax4);
         if (lane == 0) ered[w] = ex;
         named_bar_sync(bar_wg, 128);
         const u32 c_new4 = vmax4(c_run4, vmax4(vmax4(ered[0], ered[1]), vmax4(ered[2], ered[3])));

@@ -492,18 +492,12 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
 #pragma unroll
         for (int jo = 0; jo < 4; ++jo) al[jo][0] = al[jo][1] = 1.f;
       } else {
-        int em = min(E0, E1);
-        em = min(em, __shfl_xor_sync(0xffffffffu, em, 4));
-        em = min(em, __shfl_xor_sync(0xffffffffu, em, 8));
-        em = min(em, __shfl_xor_sync(0xffffffffu, em, 16));
+        const int em = over_g(min(E0, E1), [](int p, int q) { return min(p, q); });
 #pragma unroll
         for (int jo = 0; jo < 4; ++jo)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float mm = fmaxf(x[jo][e][0], x[jo][e][1]);
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 4));
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 8));
-            mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
+            const float mm = over_g(fmaxf(x[jo][e][0], x[jo][e][1]), [](float p, float q) { return fmaxf(p, q); });
             if (g == 0) red[((u * 32) + 8 * jo + 2 * t + e) * 4 + w] = mm;  // red[u][c32][w]
           }
         if (lane == 0) ered[u * 4 + w] = em;
@@ -655,7 +649,6 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
       }
     }
   }
-  (void)bar_wg;
   if (S == 1) return;
   if (!last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), S, ctid,
                       [] { named_bar_sync(BAR_ALL, 256); }))

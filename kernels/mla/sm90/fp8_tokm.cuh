@@ -9,6 +9,7 @@
 //   bulk_g2s(dst, src, bytes, bar)                  cp.async.bulk global -> shared, complete_tx on bar
 //   produce_rows<NSTAGE, HALVES>(...)               the producer warpgroup's loop (below)
 //   stsm_x4(addr, r0..r3) / stsm_x4_trans(...)      stmatrix.x4 (.trans): four 8x8 f16 matrices of a fragment
+//   over_g(v, op)                                   v reduced over the 8 lanes g of a warp (xor 4, 8, 16)
 //   wg_all(flags, w, lane, id, v)                   a warpgroup-wide AND of v through 4 smem flags + barrier id
 //   q_logical_latent(p) / q_logical_rope(c)         the logical k index of a physical Q channel
 //
@@ -119,6 +120,15 @@ GQADRV_DEVICE void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
                : "memory");
+}
+
+// v reduced with op over the 8 lanes g of a warp that share t (lane = 4g + t: xor 4, 8, 16), i.e. over
+// the 16 rows of an mma C fragment column.
+template <class T, class Op>
+GQADRV_DEVICE T over_g(T v, Op op) {
+  v = op(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = op(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  return op(v, __shfl_xor_sync(0xffffffffu, v, 16));
 }
 
 // A vote of the 128 threads (4 warps) of a warpgroup: true when v holds in every one of them. flags:
