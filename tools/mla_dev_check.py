@@ -920,6 +920,113 @@ def narrow_model(ntiles: int, nslot: int, seed: int) -> None:
     run({"producer": producer(), "consumer": consumer()}, m, {})
 
 
+def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None) -> None:
+    """Transcription of dense_decode_narrow2.cu (narrow16x2_tma / narrow16_bal) over one CTA's work
+    items: ``items`` = [(tiles, shared), ...] (tiles 0: an empty request or split; shared: the item's
+    request is split, so it ends with the partial and the ticket instead of the staged output). One
+    TMA producer (one arrival + bytes per piece), one Q copier (warps 9..11 as one agent: q_full after
+    its cp.async, q_empty wait before refilling), two consumer warpgroups (an agent each; their
+    per-warp empty arrivals as one, their 128 q_empty arrivals as one) on alternate tiles of the CTA
+    (tile gtile of all items to warpgroup gtile % 2), the shared named barrier 1 (count 2 here).
+    The Q region is two blocks (Q, 0) / (Q, 1): Q lands in both, the O^T hand-off uses (Q, 0), the
+    output staging both. ``bug`` injects an error the model must catch: 'no_first_barrier' (the
+    hand-off without the barrier that waits for both warpgroups' last wgmma, the first build's race),
+    'parity' (a consumer waits on the wrong full parity), 'early_q_empty' (warpgroup 0 releases Q
+    before its staging reads). (Tiles alternating per item instead of per CTA would also be safe:
+    a warpgroup reaches the next item's tiles only after q_full, i.e. after both warpgroups released
+    the previous item's Q, so its previous tile has landed.)"""
+    m = Machine(random.Random(seed))
+    for sl in range(nslot):
+        m.init_mbar(("full", sl), 1)
+        m.init_mbar(("empty", sl), 1)
+    m.init_mbar("q_full", 1)
+    m.init_mbar("q_empty", 2)
+    Q = [("Q", 0), ("Q", 1)]
+
+    def producer():
+        slot, ph, gtile = 0, 0, 0
+        for it, (nt, _) in enumerate(items):
+            for k in range(nt):
+                for c in range(9):
+                    yield ("wait", ("empty", slot), ph ^ 1)
+                    yield ("load", ("ring", slot), ("piece", gtile + k, c))
+                    yield ("noinc", ("full", slot))
+                    slot += 1
+                    if slot == nslot:
+                        slot, ph = 0, ph ^ 1
+            gtile += nt
+
+    def q_copier():
+        nq = 0
+        for it, (nt, _) in enumerate(items):
+            if nt == 0:
+                continue
+            if nq > 0:
+                yield ("wait", "q_empty", (nq - 1) & 1)
+            for blk in Q:
+                yield ("load", blk, ("q", it))
+            yield ("noinc", "q_full")
+            nq += 1
+
+    def consumer(u):
+        nq, gtile = 0, 0
+        for it, (nt, shared) in enumerate(items):
+            if nt > 0:
+                yield ("wait", "q_full", nq & 1)
+                for k in range((gtile ^ u) & 1, nt, 2):
+                    gt = gtile + k
+                    p0 = 9 * gt
+                    for c in range(9):
+                        sl, par = (p0 + c) % nslot, ((p0 + c) // nslot) & 1
+                        yield ("wait", ("full", sl), par ^ 1 if bug == "parity" else par)
+                        yield ("gemm", [(blk, ("q", it)) for blk in Q] + [(("ring", sl), ("piece", gt, c))],
+                               f"S^T t{gt} wg{u}")
+                    yield ("wait_group", 0)
+                    yield ("arrive", ("empty", (p0 + 8) % nslot))
+                    yield ("write", ("P", u), ("P", gt), f"P t{gt}")
+                    if k == nt - 1:  # the item's last tile: rows >= tok_end zeroed in pieces 0..7
+                        for c in range(8):
+                            yield ("write", ("ring", (p0 + c) % nslot), ("piece", gt, c), f"tail zero t{gt}")
+                    yield ("gemm", [(("P", u), ("P", gt))] + [(("ring", (p0 + c) % nslot), ("piece", gt, c))
+                                                              for c in range(8)], f"O^T t{gt} wg{u}")
+                    yield ("wait_group", 0)
+                    for c in range(8):
+                        yield ("arrive", ("empty", (p0 + c) % nslot))
+                gtile += nt
+                # the hand-off: warpgroup 1 -> 0 (channel blocks 0..3), then 0 -> 1 (4..7), same words
+                if bug != "no_first_barrier":
+                    yield ("nb_sync", 1)
+                if u == 1:
+                    yield ("write", Q[0], ("x0", it), f"hand-off 1->0 item {it}")
+                yield ("nb_sync", 1)
+                if u == 0:
+                    yield ("read", Q[0], ("x0", it), f"hand-off read item {it}")
+                    yield ("write", Q[0], ("x1", it), f"hand-off 0->1 item {it}")
+                yield ("nb_sync", 1)
+                if u == 1:
+                    yield ("read", Q[0], ("x1", it), f"hand-off read item {it}")
+            if not shared:
+                if nt > 0:
+                    yield ("nb_sync", 1)  # every hand-off read is done
+                    if bug == "early_q_empty" and u == 0:
+                        yield ("arrive", "q_empty")
+                    for blk in Q:
+                        yield ("write", blk, ("stg", it), f"staging item {it}")
+                    yield ("nb_sync", 1)
+                    for blk in Q:
+                        yield ("read", blk, ("stg", it), f"staging read item {it}")
+            else:
+                yield ("nb_sync", 1)  # last_to_arrive: the partial stores, then the ticket
+                yield ("nb_sync", 1)
+            if nt > 0:
+                if not (bug == "early_q_empty" and u == 0 and not shared):
+                    yield ("arrive", "q_empty")
+                nq += 1
+        yield ("nb_sync", 1)  # the merges won, after the last item (the ring is idle)
+
+    run({"producer": producer(), "q_copier": q_copier(), "wg0": consumer(0), "wg1": consumer(1)}, m, {1: 2})
+
+
 def narrow_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bug: str | None = None) -> None:
     """Transcription of dense_decode_narrow_fp8.cu's ring: 4 producer warps (warp pw bulk-copies rows
     16 pw .. 16 pw + 15 of every tile into stage k % nstage, one arrival with its bytes on full[s],
@@ -1070,6 +1177,16 @@ def protocol_model(seeds: int = 40) -> list[str]:
                     narrow_model(ntiles, nslot, seed)
                 except ModelError as exc:
                     problems.append(f"narrow nslot {nslot} ntiles {ntiles} seed {seed}: {exc}")
+                    break
+    for nslot in (25, 18):
+        for items in (((1, False),), ((2, True),), ((5, False),), ((3, True), (0, True), (4, False)),
+                      ((1, False), (1, True), (3, False), (0, False), (2, True)), ((7, True), (7, False), (1, False)),
+                      ((3, False), (3, False), (3, False), (3, True))):
+            for seed in range(seeds // 2):
+                try:
+                    narrow2_model(list(items), nslot, seed)
+                except ModelError as exc:
+                    problems.append(f"narrow2 nslot {nslot} items {items} seed {seed}: {exc}")
                     break
     for name, model, nstages, tile_counts in (("narrow_fp8", narrow_fp8_model, (4, 2), (1, 2, 3, 5, 9)),
                                               ("wide_fp8", wide_fp8_model, (3, 2, 4), (1, 2, 3, 5, 8))):

@@ -161,6 +161,8 @@ def _mla_routes(cp, gqadrv, rng) -> int:
     for backend, splits, s_q, page in (("seesaw_tma", 1, 1, 64), ("seesaw_tma", 3, 2, 128), ("seesaw_tma", 2, 1, 256),
                                        ("seesaw", 1, 1, 64), ("seesaw", 3, 2, 16), ("narrow16", 3, 1, 1),
                                        ("narrow16_tma", 3, 1, 64), ("narrow32_tma", 1, 2, 128),
+                                       ("narrow16x2_tma", 3, 1, 64), ("narrow16x2_tma", 1, 1, 256),
+                                       ("narrow16_bal", None, 1, 64), ("narrow16_bal", 2, 1, 128),
                                        ("seesaw_bal", None, 1, 64), ("seesaw_bal", 2, 2, 128),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         if _skip(backend):

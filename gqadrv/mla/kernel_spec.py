@@ -137,6 +137,19 @@ def _narrow_slots(nq: int) -> int:
     return n
 
 
+def _narrow2_used(nslot: int) -> int:
+    # dense_decode_narrow2.cu: Q (9 x 16 x 128 B) + 2 P (16 x 128 B) + ring (nslot x 8 KB) + red / lred
+    # (2 x 2 x 4 x 16 x 4 B) + xml (2 x 2 x 16 x 4 B) + sched 80 B + merges 32 B + (2 nslot + 2) mbarriers + ticket
+    return 9 * 16 * 128 + 2 * 16 * 128 + nslot * 8192 + 2 * 2 * 4 * 16 * 4 + 2 * 2 * 16 * 4 + 80 + 32 + 8 * (2 * nslot + 2) + 16
+
+
+def _narrow2_slots() -> int:
+    n = 0
+    while _narrow2_used(n + 1) + 1024 <= SMEM_LIMIT:
+        n += 1
+    return n
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelVariant:
     """One compiled kernel family member (per dtype a separate module)."""
@@ -182,7 +195,7 @@ WIDE_FP8_STAGES = 3
 _WIDE_FP8_USED = (65536 + 8192 + 8192 + 16384 + 65536 + WIDE_FP8_STAGES * 32 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512
                   + 512 + 16 * WIDE_FP8_STAGES + 16 + 32)
 WIDE_FP8_SMEM_BYTES = _WIDE_FP8_USED + 1024
-_N16, _N32 = _narrow_slots(16), _narrow_slots(32)
+_N16, _N32, _N2 = _narrow_slots(16), _narrow_slots(32), _narrow2_slots()
 KERNELS = {
     "seesaw": KernelVariant(
         "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
@@ -215,6 +228,15 @@ KERNELS = {
         _narrow_used(32, _N32) + 1024, (("MLA_NQ", 32), ("MLA_NSLOT", _N32), ("MLA_TMA_K", 1)), ("sm_90a",), 32,
         "narrow32 with every piece loaded by TMA from one producer thread; pages of 64..256 tokens",
         tma_boxes=(1,)),
+    "narrow16x2_tma": KernelVariant(
+        "narrow16x2_tma", "mla/sm90/dense_decode_narrow2.cu", "mla_dense_decode_narrow2_tma", 384, 16,
+        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2)), ("sm_90a",), 16,
+        "tokens as wgmma M with two consumer warpgroups on alternate tiles and a TMA piece ring; M <= 16, "
+        "pages of 64..256 tokens", tma_boxes=(1,)),
+    "narrow16_bal": KernelVariant(
+        "narrow16_bal", "mla/sm90/dense_decode_narrow2.cu", "mla_dense_decode_narrow2_tma", 384, 16,
+        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2), ("MLA_BALANCED", 1)), ("sm_90a",), 16,
+        "narrow16x2_tma on the balanced persistent grid (work_items.cuh); M <= 16", tma_boxes=(1,), balanced=True),
     "narrow16_fp8": KernelVariant(
         "narrow16_fp8", "mla/sm90/dense_decode_narrow_fp8.cu", "mla_dense_decode_narrow_fp8", 384, 16,
         NARROW_FP8_SMEM_BYTES, (("MLA_NSTAGE", NARROW_FP8_STAGES),), ("sm_90a",), 16,

@@ -12,8 +12,13 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
   long request would set the time of the whole batch).
 * ``seesaw`` (sm_90a): the same schedule with a cp.async producer warpgroup; the default for pages
   of 1..32 tokens or k_cache layouts a tensor map cannot describe.
-* ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows; only
-  when forced (slower than seesaw on the H200 today, docs/MLA.md).
+* ``narrow16x2_tma`` / ``narrow16_bal`` (sm_90a): tokens as the wgmma M dimension for M <= 16 packed
+  rows (e.g. h_q 16, s_q 1), two consumer warpgroups on alternate 64-token tiles, pieces by TMA; on
+  the split grid / the balanced persistent grid. The default for M <= 16 when k_cache is
+  TMA-describable (narrow16_bal when the batch fills the SMs as for seesaw_bal), docs/MLA.md.
+* ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows with one
+  consumer warpgroup (cp.async or, as ``narrow16_tma`` / ``narrow32_tma``, TMA pieces); only when
+  forced (slower than the seesaw / narrow16x2 on the H200, docs/MLA.md).
 * ``wgmma`` (sm_90a): the first kernel (no overlap between phases); only when forced.
 * ``mma`` (mma.sync + ldmatrix, the first kernel's layout): chosen on sm_100 / sm_110 (B200, Thor),
   where wgmma does not exist; compile-verified only there (no such GPU here). It also runs on sm_90
@@ -137,7 +142,10 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     elif FAMILIES[name].nope:
         raise ValueError(f"MLA backend {name!r} is the d_qk 512 build; it is chosen by d_qk, not by name")
     if name == "seesaw" and forced in (None, "auto") and tma_ok and not nope:
-        name = "seesaw_bal" if large_batch else "seesaw_tma"
+        if m_rows <= FAMILIES["narrow16_bal"].max_rows:  # tokens as wgmma M, two consumer warpgroups
+            name = "narrow16_bal" if large_batch else "narrow16x2_tma"
+        else:
+            name = "seesaw_bal" if large_batch else "seesaw_tma"
     fam = FAMILIES[name]
     if fam.tma and not tma_ok:
         raise ValueError(f"MLA backend {name!r} needs a TMA-describable k_cache: pages of {_ks.TMA_MIN_PAGE}..256 "

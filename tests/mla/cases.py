@@ -6,7 +6,8 @@ appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 
 causal on/off, bf16/fp16, splits auto / 1 / 7, and the backends in turn: the default route
 (on the H200 seesaw_tma for pages >= 64, the cp.async seesaw for smaller pages), the cp.async seesaw
 forced, mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q / h_kv fits
-them (their TMA builds narrow16_tma / narrow32_tma on every other such case with pages >= 64).
+them (with pages >= 64 also their TMA builds in turn: narrow16_tma, narrow16x2_tma, narrow16_bal /
+narrow32_tma).
 Inputs are made non-contiguous (q, k_cache and block_table are slices of wider arrays).
 """
 
@@ -69,10 +70,11 @@ def grid() -> list[MlaCase]:
         if backend == "narrow":
             m = s_q * (h_q // h_kv)
             backend = "narrow16" if m <= 16 else ("narrow32" if m <= 32 else None)
-            if backend and page >= 64:
+            if backend and page >= 64:  # pages of 64..256: the TMA builds in turn
                 n_big[backend] = n_big.get(backend, 0) + 1
-                if n_big[backend] % 2:
-                    backend += "_tma"  # every other such case: the TMA narrow kernels (pages of 64..256)
+                builds = (("narrow16", "narrow16_tma", "narrow16x2_tma", "narrow16_bal") if backend == "narrow16"
+                          else ("narrow32", "narrow32_tma"))
+                backend = builds[n_big[backend] % len(builds)]
         out.append(MlaCase(i, b, s_q, h_q, h_kv, L, page, bool((i // 3) % 2),
                            ("bfloat16", "float16")[(i // 7) % 2], SPLITS[(i // 2) % 3], backend))
     return out

@@ -104,6 +104,10 @@ _TMA_EDGES = [  # (backend, page, b, s_q, h_q, lengths, splits, causal): partial
     ("seesaw_tma", 64, 1, 4, 32, [64 * 7 + 1], 5, True),
     ("narrow16_tma", 64, 3, 1, 16, [65, 0, 1000], None, False),
     ("narrow16_tma", 256, 2, 1, 8, [300, 4097], 3, False),
+    ("narrow16x2_tma", 64, 3, 1, 16, [65, 0, 1000], None, False),
+    ("narrow16x2_tma", 256, 2, 1, 8, [300, 4097], 3, False),
+    ("narrow16x2_tma", 128, 3, 2, 8, [129, 64 * 9 + 1, 10**6], 5, True),
+    ("narrow16x2_tma", 64, 2, 4, 4, [1, 64 * 3], 7, True),
     ("narrow32_tma", 128, 2, 2, 16, [129, 63], 2, True),
     ("narrow32_tma", 64, 2, 1, 32, [10**6, 1], None, False),
 ]
@@ -155,11 +159,29 @@ def _balanced_cases():
     return cases
 
 
-@pytest.mark.parametrize("case", _balanced_cases(), ids=lambda c: f"p{c[0]}-b{c[1]}-s{c[2]}h{c[3]}kv{c[4]}-P{c[6]}")
-def test_balanced_grid(case):
-    """seesaw_bal: every CTA takes an equal share of all requests' tile pairs (work_items.cuh); shared
-    requests merge in the CTA that finishes last. Every input strided, NaN in unused pages, a second
-    launch equal to the first (tickets reset), and a replay with other lengths in place."""
+def _narrow_balanced_cases():
+    """The balanced cases with at most 16 packed rows (narrow16_bal) plus ones of its own: two row
+    groups (h_kv 2), s_q 2 / 4 causal, a request of one tile, odd tile counts (the two consumer
+    warpgroups alternate over the CTA's tiles across items)."""
+    rng = np.random.default_rng(4321)
+    own = [
+        (64, 5, 2, 8, 1, [127, 4096 + 17, 0, 1, 2000], 7, True, "bfloat16"),
+        (128, 6, 1, 32, 2, [1, 128, 129, 0, 3000, 64], 1, False, "bfloat16"),
+        (64, 1, 1, 16, 1, [20000], 64, False, "bfloat16"),
+        (64, 16, 4, 4, 1, list(rng.integers(1, 2500, 16)), 13, True, "float16"),
+        (256, 33, 1, 16, 1, list(rng.integers(-3, 9000, 33)), None, False, "float16"),
+    ]
+    return [("narrow16_bal", c) for c in _balanced_cases() if c[2] * (c[3] // c[4]) <= 16] + \
+        [("narrow16_bal", c) for c in own]
+
+
+@pytest.mark.parametrize("backend,case", [("seesaw_bal", c) for c in _balanced_cases()] + _narrow_balanced_cases(),
+                         ids=lambda c: c if isinstance(c, str) else f"p{c[0]}-b{c[1]}-s{c[2]}h{c[3]}kv{c[4]}-P{c[6]}")
+def test_balanced_grid(backend, case):
+    """seesaw_bal / narrow16_bal: every CTA takes an equal share of all requests' tile pairs
+    (work_items.cuh); shared requests merge in the CTA that finishes last. Every input strided, NaN
+    in unused pages, a second launch equal to the first (tickets reset), and a replay with other
+    lengths in place."""
     import cupy as cp
 
     import gqadrv
@@ -170,8 +192,8 @@ def test_balanced_grid(case):
     q, k, bt, ln = make_case(rng, b, s_q, h_q, h_kv, page, lens, dtype, max_blocks=-(-cap // page))
     dq, dk, dbt = strided_inputs(q, k, bt)
     dl = cp.asarray(ln)
-    p = gqadrv.prepare_mla_decode(dq, dk, dbt, dl, 512, causal=causal, num_splits=ctas, backend="seesaw_bal")
-    assert p.route.startswith("mla_decode_seesaw_bal_")
+    p = gqadrv.prepare_mla_decode(dq, dk, dbt, dl, 512, causal=causal, num_splits=ctas, backend=backend)
+    assert p.route.startswith(f"mla_decode_{backend}_")
     o, lse = gqadrv.launch_prepared(p)
     ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
     check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, dtype, "balanced")

@@ -91,6 +91,12 @@ def test_routes():
     assert routes.select_variant((9, 0), "bfloat16", 128, None, True).family.name == "seesaw_tma"
     assert routes.select_variant((9, 0), "bfloat16", 128, "seesaw", True).family.name == "seesaw"
     assert routes.select_variant((9, 0), "bfloat16", 16, "narrow16_tma", True).family.name == "narrow16_tma"
+    # M <= 16 on a TMA-describable cache: the two-warpgroup narrow kernel (balanced grid for large batches)
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, True).family.name == "narrow16x2_tma"
+    assert routes.select_variant((9, 0), "float16", 8, None, True, large_batch=True).family.name == "narrow16_bal"
+    assert routes.select_variant((9, 0), "bfloat16", 17, None, True, large_batch=True).family.name == "seesaw_bal"
+    with pytest.raises(ValueError, match="at most 16"):
+        routes.select_variant((9, 0), "bfloat16", 17, "narrow16_bal", True)
     with pytest.raises(ValueError, match="TMA-describable"):
         routes.select_variant((9, 0), "bfloat16", 128, "seesaw_tma", False)
     ks = kernel_spec
@@ -147,7 +153,7 @@ def test_grid_covers_the_axes():
     assert {c.lengths for c in cases} == {"0", "1", "63", "64", "65", "4096", "ragged"}
     assert {c.dtype for c in cases} == {"bfloat16", "float16"}
     assert {c.backend for c in cases} == {None, "seesaw", "mma", "wgmma", "narrow16", "narrow32", "narrow16_tma",
-                                          "narrow32_tma"}
+                                          "narrow32_tma", "narrow16x2_tma", "narrow16_bal"}
     # the default route on the H200 is seesaw_tma for pages >= 64 and the cp.async seesaw below
     assert {c.page for c in cases if c.backend is None} == {1, 16, 32, 64, 128, 256}
 
@@ -156,7 +162,8 @@ def test_layout_and_barrier_protocol_models():
     """tools/mla_dev_check.py's CPU models: every copy / descriptor / fragment of the seesaw and
     narrow kernels lands where the math expects, and the seesaw, seesaw_tma (half-tile barriers,
     tail zeroing), seesaw_bal (items: K phases over the CTA's pairs, q / q_empty, sM reset, merge
-    weights after the last item), narrow and narrow16_fp8 (two consumer warpgroups on a stage ring,
+    weights after the last item), narrow, narrow2 (two consumer warpgroups over work items, the
+    O^T hand-off through the Q region) and narrow16_fp8 (two consumer warpgroups on a stage ring,
     four producer warps, tail zeroing) barrier protocols run random interleavings without a hazard or
     a deadlock."""
     import importlib.util
@@ -173,6 +180,13 @@ def test_layout_and_barrier_protocol_models():
         with pytest.raises(mod.ModelError, match=msg):
             for seed in range(8):
                 mod.narrow_fp8_model(9, 4, seed, True, bug)
+    # ... and so does the two-warpgroup bf16 narrow protocol (the hand-off through the Q region)
+    for bug, msg in (("no_first_barrier", "in-flight wgmma group|holds"), ("parity", "holds"),
+                     ("early_q_empty", "holds|in flight")):
+        with pytest.raises(mod.ModelError, match=msg):
+            for seed in range(16):
+                for items in ([(3, False), (3, False), (3, True)], [(1, False), (1, True), (2, False)]):
+                    mod.narrow2_model(items, 18, seed, bug)
     # ... and so does the FP8 wide protocol (half stages, the V tile, the tile's closing barrier)
     for bug, msg in (("early_release", "in flight|holds"), ("parity", "holds"), ("no_end_barrier", "in-flight wgmma group|holds"),
                      ("own_wait_only", "in flight|holds")):

@@ -51,23 +51,15 @@
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
+#include "narrow_ops.cuh"
 
-#ifndef MLA_NQ
-#error "MLA_NQ not defined (16 or 32: packed query rows per CTA)"
-#endif
 #ifndef MLA_NSLOT
 #error "MLA_NSLOT not defined (pieces of 8 KB in the ring)"
 #endif
 
 namespace mla {
 namespace narrow {
-constexpr int DT = MLA_DT;
-constexpr int NQ = MLA_NQ;
 constexpr int NSLOT = MLA_NSLOT;
-constexpr int NACC = NQ / 2;                  // fp32 accumulators per thread of one m64nNQ result
-constexpr int NJ = NQ / 8;                    // 8-column chunks of the result
-constexpr u32 PIECE = 64u * 128u;             // 8 KB
-constexpr u32 QCB = (u32)NQ * 128u;           // one channel block of Q
 constexpr u32 OFF_Q = 0;
 constexpr u32 OFF_P = NCB * QCB;
 constexpr u32 OFF_RING = OFF_P + QCB;
@@ -79,7 +71,6 @@ constexpr u32 SMEM_USED = OFF_TICKET + 16;
 constexpr int THREADS = 256;
 constexpr u32 STG_BF16 = 1024u + 16u;          // output staging row strides (bank spread)
 constexpr u32 STG_F32 = 2048u + 16u;
-static_assert(NQ == 16 || NQ == 32, "NQ is 16 or 32");
 static_assert(NSLOT >= 18, "the ring must hold two tiles (9 pieces each)");
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the narrow smem map (+1 KB alignment slack)");
 static_assert(NQ * STG_F32 <= NSLOT * PIECE, "output staging must fit in the ring");
@@ -95,41 +86,6 @@ GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)s
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)(NSLOT + slot); }
 GQADRV_DEVICE u32 q_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT); }
 GQADRV_DEVICE u32 slot_addr(u32 sb, int slot) { return sb + OFF_RING + (u32)slot * PIECE; }
-
-template <int D>
-GQADRV_DEVICE u16 half_bits(float x) {
-  return (u16)(pack2<D>(x, 0.f) & 0xffffu);
-}
-
-// m64nNQk16 SS, picked by the accumulator array size (8: N = 16, 16: N = 32).
-template <int TA, int TB>
-GQADRV_DEVICE void wgmma_nq(float (&d)[8], u64 da, u64 db, int scale_d) {
-  wgmma_m64n16k16_ss<DT, TA, TB>(d, da, db, scale_d);
-}
-template <int TA, int TB>
-GQADRV_DEVICE void wgmma_nq(float (&d)[16], u64 da, u64 db, int scale_d) {
-  wgmma_m64n32k16_ss<DT, TA, TB>(d, da, db, scale_d);
-}
-
-// S^T += K(piece)[64 x 64 ch] Q(cb)^T: 4 k16 steps (issue only), alternating between two partial
-// accumulators (even k16 steps into st0, odd into st1; S^T = st0 + st1) so that consecutive wgmmas
-// do not depend on each other's accumulator (36 dependent m64nNQ steps otherwise).
-GQADRV_DEVICE void qk_piece(float (&st0)[NACC], float (&st1)[NACC], u32 piece, u32 qcb, bool first) {
-  const u64 da = wgmma_desc_sw128(piece, 16, 1024);
-  const u64 db = wgmma_desc_sw128(qcb, 16, 1024);
-#pragma unroll
-  for (int k = 0; k < 4; k += 2) {
-    wgmma_nq<0, 0>(st0, da + (u64)(k * 2), db + (u64)(k * 2), (first && k == 0) ? 0 : 1);
-    wgmma_nq<0, 0>(st1, da + (u64)(k * 2 + 2), db + (u64)(k * 2 + 2), (first && k == 0) ? 0 : 1);
-  }
-}
-// O^T(cb) += V^T(piece: 64 channels x 64 tokens, MN-major) P^T (K-major): 4 k16 steps of 16 tokens
-// (+2 KB in the piece, +32 B in the P rows).
-GQADRV_DEVICE void pv_step(float (&ot)[NACC], u32 piece, u32 p_base, int kk) {
-  const u64 da = wgmma_desc_sw128(piece, PIECE, 1024);
-  const u64 db = wgmma_desc_sw128(p_base, 16, 1024);
-  wgmma_nq<1, 0>(ot, da + (u64)(kk * 128), db + (u64)(kk * 2), 1);
-}
 
 }  // namespace narrow
 }  // namespace mla
@@ -349,58 +305,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
       }
       release(base + 8 < NSLOT ? base + 8 : base + 8 - NSLOT);
 
-      // ---- softmax over the 64 tokens of this tile, per query row (column of S^T)
-      const int tok_lo = tile * 64 + 16 * w + g;
-      float x[NJ][2][2];  // [j][e][h]: row 8j + 2t + e, token tok_lo + 8h
-      float mx[NJ][2];
-      const bool need_mask = (tile + 1) * 64 > lim_min;
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float v = sv[4 * j + 2 * h + e] * sc;
-            x[j][e][h] = (need_mask && tok_lo + 8 * h >= lim[j][e]) ? MASKED : v;
-          }
-          float m = fmaxf(x[j][e][0], x[j][e][1]);
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-          mx[j][e] = m;
-        }
-      if (g == 0) {
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) red[w * NQ + 8 * j + 2 * t + e] = mx[j][e];
-      }
-      named_bar_sync(BAR_C, 128);
-      float alpha[NJ][2];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = 8 * j + 2 * t + e;
-          const float mt = fmaxf(fmaxf(red[n], red[NQ + n]), fmaxf(red[2 * NQ + n], red[3 * NQ + n]));
-          const float mn = fmaxf(m_run[j][e], mt);
-          alpha[j][e] = fast_exp2(m_run[j][e] - mn);
-          m_run[j][e] = mn;
-          const float p0 = fast_exp2(x[j][e][0] - mn), p1 = fast_exp2(x[j][e][1] - mn);
-          l_run[j][e] = l_run[j][e] * alpha[j][e] + (p0 + p1);
-          const int tl = 16 * w + g;  // token within the tile (h = 0); h = 1 is the next 16-byte unit
-          sts_u16(sb + OFF_P + swz(n, tl >> 3) + 2u * (tl & 7), half_bits<DT>(p0));
-          sts_u16(sb + OFF_P + swz(n, (tl >> 3) + 1) + 2u * (tl & 7), half_bits<DT>(p1));
-        }
-#pragma unroll
-      for (int m = 0; m < 8; ++m)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            ot[m][4 * j + e] *= alpha[j][e];
-            ot[m][4 * j + 2 + e] *= alpha[j][e];
-          }
+      softmax_tile(sv, tile, w, g, t, lim, lim_min, sc, red, BAR_C, m_run, l_run, sb + OFF_P, ot);
 #if MLA_TMA_K
       if ((tile + 1) * 64 > tok_end) {  // rows >= tok_end of pieces 0..7 (their S^T is complete)
         const int first = tok_end - tile * 64;
@@ -434,26 +339,8 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   pdl_launch_dependents();
 
   // ---- row sums: over the 8 lanes g of a row, then over the 4 warps
-  float* lred = reinterpret_cast<float*>(smem + OFF_LRED);
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float l = l_run[j][e];
-      l += __shfl_xor_sync(0xffffffffu, l, 4);
-      l += __shfl_xor_sync(0xffffffffu, l, 8);
-      l += __shfl_xor_sync(0xffffffffu, l, 16);
-      if (g == 0) lred[w * NQ + 8 * j + 2 * t + e] = l;
-    }
-  named_bar_sync(BAR_C, 128);
   float Lr[NJ][2];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int n = 8 * j + 2 * t + e;
-      Lr[j][e] = lred[n] + lred[NQ + n] + lred[2 * NQ + n] + lred[3 * NQ + n];
-    }
+  row_sums(l_run, w, g, t, reinterpret_cast<float*>(smem + OFF_LRED), BAR_C, Lr);
   const int rows = M - row0 < NQ ? M - row0 : NQ;
   const u32 stg = sb + OFF_RING;  // the ring is idle: every piece was consumed
 
