@@ -130,22 +130,16 @@ def _narrow_used(nq: int, nslot: int) -> int:
     return 9 * nq * 128 + nq * 128 + nslot * 8192 + 2 * 4 * nq * 4 + 8 * (2 * nslot + 2) + 16
 
 
-def _narrow_slots(nq: int) -> int:
-    n = 0
-    while _narrow_used(nq, n + 1) + 1024 <= SMEM_LIMIT:
-        n += 1
-    return n
-
-
 def _narrow2_used(nslot: int) -> int:
     # dense_decode_narrow2.cu: Q (9 x 16 x 128 B) + 2 P (16 x 128 B) + ring (nslot x 8 KB) + red / lred
     # (2 x 2 x 4 x 16 x 4 B) + xml (2 x 2 x 16 x 4 B) + sched 80 B + merges 32 B + (2 nslot + 2) mbarriers + ticket
     return 9 * 16 * 128 + 2 * 16 * 128 + nslot * 8192 + 2 * 2 * 4 * 16 * 4 + 2 * 2 * 16 * 4 + 80 + 32 + 8 * (2 * nslot + 2) + 16
 
 
-def _narrow2_slots() -> int:
+def _ring_slots(used) -> int:
+    """The most 8 KB ring slots n with used(n) + 1 KB alignment slack within the opt-in limit."""
     n = 0
-    while _narrow2_used(n + 1) + 1024 <= SMEM_LIMIT:
+    while used(n + 1) + 1024 <= SMEM_LIMIT:
         n += 1
     return n
 
@@ -195,7 +189,8 @@ WIDE_FP8_STAGES = 3
 _WIDE_FP8_USED = (65536 + 8192 + 8192 + 16384 + 65536 + WIDE_FP8_STAGES * 32 * 656 + 1024 + 32 + 1024 + 3 * 256 + 512
                   + 512 + 16 * WIDE_FP8_STAGES + 16 + 32)
 WIDE_FP8_SMEM_BYTES = _WIDE_FP8_USED + 1024
-_N16, _N32, _N2 = _narrow_slots(16), _narrow_slots(32), _narrow2_slots()
+_N16, _N32, _N2 = (_ring_slots(lambda n: _narrow_used(16, n)), _ring_slots(lambda n: _narrow_used(32, n)),
+                   _ring_slots(_narrow2_used))
 KERNELS = {
     "seesaw": KernelVariant(
         "seesaw", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,

@@ -4,7 +4,8 @@ Each case draws its axes from the issue's grid with co-prime strides, so every v
 appears many times and the combinations vary: batch {1, 2, 37, 128}, s_q {1, 2, 4}, h_q {1, 3, 16,
 63, 64, 128} x h_kv {1, 2}, lengths {0, 1, 63, 64, 65, 4096, ragged}, page {1, 16, 32, 64, 128, 256},
 causal on/off, bf16/fp16, splits auto / 1 / 7, and the backends in turn: the default route
-(on the H200 seesaw_tma for pages >= 64, the cp.async seesaw for smaller pages), the cp.async seesaw
+(on the H200 for pages >= 64 narrow16x2_tma / narrow16_bal at M <= 16 and seesaw_tma / seesaw_bal
+above, the cp.async seesaw for smaller pages), the cp.async seesaw
 forced, mma.sync, the first wgmma kernel, and narrow16 / narrow32 where M = s_q * h_q / h_kv fits
 them (with pages >= 64 also their TMA builds in turn: narrow16_tma, narrow16x2_tma, narrow16_bal /
 narrow32_tma).

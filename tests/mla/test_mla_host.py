@@ -154,7 +154,7 @@ def test_grid_covers_the_axes():
     assert {c.dtype for c in cases} == {"bfloat16", "float16"}
     assert {c.backend for c in cases} == {None, "seesaw", "mma", "wgmma", "narrow16", "narrow32", "narrow16_tma",
                                           "narrow32_tma", "narrow16x2_tma", "narrow16_bal"}
-    # the default route on the H200 is seesaw_tma for pages >= 64 and the cp.async seesaw below
+    # the default route on the H200 is a TMA kernel for pages >= 64 and the cp.async seesaw below
     assert {c.page for c in cases if c.backend is None} == {1, 16, 32, 64, 128, 256}
 
 

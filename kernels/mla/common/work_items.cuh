@@ -144,6 +144,35 @@ struct BalancedWalker {
   }
 };
 
+// Merges a CTA won (it drew the last ticket of a shared request), kept in shared memory as
+// {req, slot0, nsplit} triples by thread 0 and run after the CTA's last item, when no load is in
+// flight and the tile buffers can hold the merge weights. Only a CTA's first and last item can be
+// shared, so there are at most two.
+GQADRV_DEVICE void note_merge_won(int* s_merge, int& n_merge, const WorkItem& w, int tid) {
+  if (tid == 0) {
+    s_merge[3 * n_merge] = w.req;
+    s_merge[3 * n_merge + 1] = w.slot0;
+    s_merge[3 * n_merge + 2] = w.nsplit;
+  }
+  ++n_merge;
+}
+// Runs them over NT threads (`sync`: their barrier), BM-row blocks starting at packed row row0 of
+// (request, KV head kvh), row block mb of nmb; `wts`: [BM][nsplit] fp32 scratch.
+template <int BM, int NT, int DT, class Sync>
+GQADRV_DEVICE void run_merges_won(const MlaDecodeArgs& a, const int* s_merge, int n_merge, float* wts, int kvh, int nmb,
+                                  int mb, int row0, int rows, int tid, Sync sync) {
+  sync();  // thread 0's s_merge entries are visible
+#pragma unroll 1
+  for (int k = 0; k < n_merge; ++k) {
+    const int req = s_merge[3 * k], slot0 = s_merge[3 * k + 1], nsplit = s_merge[3 * k + 2];
+    merge_partials_from<BM, NT, DT>(
+        a, wts, (long long)slot0 * BM, ((long long)req * a.h_kv + kvh) * nmb + mb, nsplit, rows, tid,
+        [&](int r) { return out_row_ptr(a, req, kvh, row0 + r); }, [&](int r) { return lse_ptr(a, req, kvh, row0 + r); },
+        sync, M_INIT);
+    sync();  // the weights of this merge are read before the next one writes them
+  }
+}
+
 // The balanced schedule's start, by a block-wide scan of the request costs: all NT threads call it
 // (it holds two __syncthreads). `sched`: NT / 32 + 5 ints of shared memory that keep the result
 // (sched[NW .. NW + 4] = first request, its cost start, r0, r1, chunk) for balanced_walker(), which

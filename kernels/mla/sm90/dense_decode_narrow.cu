@@ -151,16 +151,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
       for (int tile = t_beg; tile < t_end; ++tile) {
         const int nxt = tile + 1 < t_end ? page_of(tile + 1) : 0;  // one tile ahead
         const int off = (tile * 64) & (a.page_size - 1);
-#pragma unroll 1
-        for (int c = 0; c < NCB; ++c) {
-          mbar_wait_wd(empty_bar(sb, slot), ph ^ 1u);
-          mbar_arrive_expect_tx(full_bar(sb, slot), PIECE);
-          tma_load_5d(slot_addr(sb, slot), &k_cb, full_bar(sb, slot), 0, off, c, kvh, cur);
-          if (++slot == NSLOT) {
-            slot = 0;
-            ph ^= 1u;
-          }
-        }
+        tma_tile_pieces<NSLOT>(slot_addr(sb, 0), full_bar(sb, 0), empty_bar(sb, 0), &k_cb, off, kvh, cur, slot, ph);
         cur = nxt;
       }
     }

@@ -230,16 +230,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
           const int tile = w.t_beg + k;
           const int nxt = k + 1 < nt ? page_of(tile + 1) : 0;  // one tile ahead
           const int off = (tile * 64) & (a.page_size - 1);
-#pragma unroll 1
-          for (int c = 0; c < NCB; ++c) {
-            mbar_wait_wd(empty_bar(sb, slot), ph ^ 1u);
-            mbar_arrive_expect_tx(full_bar(sb, slot), PIECE);
-            tma_load_5d(slot_addr(sb, slot), &k_cb, full_bar(sb, slot), 0, off, c, kvh, cur);
-            if (++slot == NSLOT) {
-              slot = 0;
-              ph ^= 1u;
-            }
-          }
+          tma_tile_pieces<NSLOT>(slot_addr(sb, 0), full_bar(sb, 0), empty_bar(sb, 0), &k_cb, off, kvh, cur, slot, ph);
           cur = nxt;
         }
       }
@@ -452,14 +443,8 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         }
       const long long unit = ((long long)it.req * a.h_kv + kvh) * nmb + mb;
       if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), it.nsplit, tid,
-                         [] { named_bar_sync(BAR_BOTH, 256); })) {
-        if (tid == 0) {
-          s_merge[3 * n_merge] = it.req;
-          s_merge[3 * n_merge + 1] = it.slot0;
-          s_merge[3 * n_merge + 2] = it.nsplit;
-        }
-        ++n_merge;
-      }
+                         [] { named_bar_sync(BAR_BOTH, 256); }))
+        note_merge_won(s_merge, n_merge, it, tid);
     }
     if (nt > 0) {
       mbar_arrive(q_empty_bar(sb));  // this item's reads of the Q region are done
@@ -469,15 +454,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   pdl_launch_dependents();
 
   // ---- merges won (both warpgroups): every issued load was consumed, the ring is idle
-  named_bar_sync(BAR_BOTH, 256);  // thread 0's s_merge entries are visible
-#pragma unroll 1
-  for (int k = 0; k < n_merge; ++k) {
-    const int req = s_merge[3 * k], slot0 = s_merge[3 * k + 1], nsplit = s_merge[3 * k + 2];
-    merge_partials_from<NQ, 256, DT>(
-        a, reinterpret_cast<float*>(smem + OFF_RING), (long long)slot0 * NQ,
-        ((long long)req * a.h_kv + kvh) * nmb + mb, nsplit, rows, tid,
-        [&](int r) { return out_row_ptr(a, req, kvh, row0 + r); }, [&](int r) { return lse_ptr(a, req, kvh, row0 + r); },
-        [] { named_bar_sync(BAR_BOTH, 256); }, M_INIT);
-    named_bar_sync(BAR_BOTH, 256);  // the weights of this merge are read before the next one writes them
-  }
+  run_merges_won<NQ, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_RING), kvh, nmb, mb, row0, rows,
+                              tid, [] { named_bar_sync(BAR_BOTH, 256); });
 }

@@ -814,27 +814,12 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   store_partial_rows(a, o, rp, (long long)w.slot * MLA_BLOCK_M, wg, t);
   const long long unit = ((long long)w.req * a.h_kv + kvh) * nmb + mb;
   if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), w.nsplit, tid,
-                     [] { named_bar_sync(BAR_EPI, 256); })) {
-    if (tid == 0) {
-      s_merge[3 * n_merge] = w.req;
-      s_merge[3 * n_merge + 1] = w.slot0;
-      s_merge[3 * n_merge + 2] = w.nsplit;
-    }
-    ++n_merge;
-  }
+                     [] { named_bar_sync(BAR_EPI, 256); }))
+    note_merge_won(s_merge, n_merge, w, tid);
   }  // items
 
   // ---- merges won: no load is in flight (every issued load was consumed), the K slots are free
-  named_bar_sync(BAR_EPI, 256);  // thread 0's s_merge entries are visible
-#pragma unroll 1
-  for (int k = 0; k < n_merge; ++k) {
-    const int req = s_merge[3 * k], slot0 = s_merge[3 * k + 1], nsplit = s_merge[3 * k + 2];
-    merge_partials_from<MLA_BLOCK_M, 256, DT>(
-        a, reinterpret_cast<float*>(smem + OFF_K0), (long long)slot0 * MLA_BLOCK_M,
-        ((long long)req * a.h_kv + kvh) * nmb + mb, nsplit, rows, tid,
-        [&](int r) { return out_row_ptr(a, req, kvh, row0 + r); }, [&](int r) { return lse_ptr(a, req, kvh, row0 + r); },
-        [] { named_bar_sync(BAR_EPI, 256); }, M_INIT);
-    named_bar_sync(BAR_EPI, 256);  // the weights of this merge are read before the next one writes them
-  }
+  run_merges_won<MLA_BLOCK_M, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_K0), kvh, nmb, mb,
+                                       row0, rows, tid, [] { named_bar_sync(BAR_EPI, 256); });
   }  // consumer warpgroups
 }

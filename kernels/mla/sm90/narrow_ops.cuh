@@ -144,5 +144,25 @@ GQADRV_DEVICE void row_sums(const float (&l_run)[NJ][2], int w, int g, int t, fl
     }
 }
 
+// The 9 pieces of one 64-token tile (page `page`, first token `off` in it) by TMA from the one
+// producer thread, in ring order: per piece wait empty (parity starts at 1), arrive.expect_tx(8 KB)
+// on full, one 5-D box of one channel block (k_cb map). full[s] / empty[s] are the mbarriers at
+// full0 / empty0 + 8 s, slot s lies at ring + s * PIECE; (slot, ph) is the producer's ring position.
+template <int NSLOT>
+GQADRV_DEVICE void tma_tile_pieces(u32 ring, u32 full0, u32 empty0, const TmaDesc* k_cb, int off, int kvh, int page,
+                                   int& slot, u32& ph) {
+#pragma unroll 1
+  for (int c = 0; c < NCB; ++c) {
+    const u32 full = full0 + 8u * (u32)slot;
+    mbar_wait_wd(empty0 + 8u * (u32)slot, ph ^ 1u);
+    mbar_arrive_expect_tx(full, PIECE);
+    tma_load_5d(ring + (u32)slot * PIECE, k_cb, full, 0, off, c, kvh, page);
+    if (++slot == NSLOT) {
+      slot = 0;
+      ph ^= 1u;
+    }
+  }
+}
+
 }  // namespace narrow
 }  // namespace mla
