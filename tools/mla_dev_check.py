@@ -763,13 +763,15 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                     for c in range(4):
                         yield ("write", KB(0, c), ("tile", T0, c), f"wg0 {g} zero tail K0 cb{c}")
                 yield ("gemm", [(KB(0, c), ("tile", T0, c)) for c in range(4)], f"wg0 {g} RS P0 V0L")
+                yield ("nb_sync", 2)
+                yield ("read", ("sSc1",), ("a1", g), f"wg0 {g} sSc1")
+                if g % 3 == 0:  # a rescale by a1: P0 V0L retires before P0 is repacked (else stored as is)
+                    yield ("wait_group", 0)
+                yield ("write", KB(0, 8), ("P0", g), f"wg0 {g} sP0 store")
+                yield ("nb_arrive", 3)
                 yield ("wait_group", 0)
                 if balanced or nxt:
                     yield ("arrive", EMPTY(0, 0))
-                yield ("nb_sync", 2)
-                yield ("read", ("sSc1",), ("a1", g), f"wg0 {g} sSc1")
-                yield ("write", KB(0, 8), ("P0", g), f"wg0 {g} sP0 store")
-                yield ("nb_arrive", 3)
                 yield ("nb_sync", 4)
                 for c in range(4):
                     yield ("wait", FULL(1, c), ph)

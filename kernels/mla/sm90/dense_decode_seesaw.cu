@@ -31,6 +31,11 @@
 //             WG0: O_L *= a1; O_L += P1 V1[:, 0:256]     (SS: WG1 writes P1 to sP1)
 //           so both halves end every pair relative to m1, and the row sums l (per warpgroup, over its
 //           own S tiles) are merged at the end: L = l_WG0 + l_WG1.
+//           Lazy running max (MLA_LAZY_LOG2 = 8): m0 / m1 move only when a tile's row max exceeds the
+//           running max by more than 8 (log2 units; P <= 2^8), so most pairs have a0 = a1 = 1; a warp
+//           whose factors are all 1 skips its O rescale and the wgmma wait in front of it, and WG0 then
+//           stores P0 to sP0 from the registers P0 V0L is still reading (reads only) instead of
+//           repacking P0 a1 after that product retired.
 //           Within a warpgroup warp wi owns rows 16wi .. 16wi+15; lane 4g + t holds rows 16wi + g and
 //           16wi + g + 8 (wgmma C layout), the same rows in both warpgroups.
 // Smem map  (dynamic, base rounded up to 1024 B; all blocks 1024-aligned)
@@ -194,6 +199,20 @@ constexpr u32 Q_LOADERS = MLA_TMA_K ? 96u : 128u;
 // the split grid's single item keeps the releases to pairs that have a successor.
 constexpr bool RELEASE_LAST = MLA_BALANCED != 0;
 static_assert(!MLA_BALANCED || MLA_TMA_K, "the balanced schedule is built on the TMA producer");
+#ifndef MLA_LAZY_LOG2
+#define MLA_LAZY_LOG2 8  // the running max moves only when a tile's max exceeds it by more than this (log2 units)
+#endif
+// Running max after a tile whose row max is m_tile: unchanged unless m_tile exceeds it by more than
+// MLA_LAZY_LOG2 (log2 units), so P = 2^(S - m) stays below 2^MLA_LAZY_LOG2 (exact in bf16 / fp16 range,
+// and the row sums in fp32) and most pairs need no rescale of O at all. 0: the exact running max.
+GQADRV_DEVICE float lazy_max(float m_old, float m_tile) {
+  return m_tile > m_old + (float)MLA_LAZY_LOG2 ? m_tile : m_old;
+}
+// Whether any row of this warp has a rescale factor other than 1 (warp-uniform: a skipped rescale
+// also skips the wgmma wait before it).
+GQADRV_DEVICE bool warp_rescales(float f_lo, float f_hi) {
+  return __any_sync(0xffffffffu, f_lo != 1.f || f_hi != 1.f);
+}
 
 // Source rows of tile `tile` a producer thread copies: tokens tile * 64 + 16 pw + 4 q + (lane >> 3),
 // q < 4 (pw = producer warp 0..3), already advanced to the lane's 16-byte unit (lane & 7);
@@ -639,7 +658,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
+        const float mn_lo = lazy_max(mo_lo, mx_lo), mn_hi = lazy_max(mo_hi, mx_hi);
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
         publish_max(sM, sSc0, r_lo, r_hi, t, mn_lo, mn_hi, a0_lo, a0_hi);
         float sum_lo, sum_hi;
@@ -649,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         u32 pa[16];
         pack_pa(pa, s, 1.f, 1.f);
         named_bar_arrive(BAR_SCALE0, 256);
-        scale_o(o, a0_lo, a0_hi);
+        if (warp_rescales(a0_lo, a0_hi)) scale_o(o, a0_lo, a0_hi);
 #if MLA_TMA_K
         if (tok_end - T0 * 64 < 64) zero_tail_rows(sb + OFF_K0, 0, tok_end - T0 * 64, tid, BAR_WG0);
 #endif
@@ -657,20 +676,27 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         wgmma_fence();
         pv_rs(o, pa, sb + OFF_K0);
         wgmma_commit();
+        // P0 a1 -> sP0 for WG1: when every a1 of the warp is 1 the registers P0 V0L reads are stored
+        // as they are (reads only) while the product runs; otherwise repacked once it retired
+        named_bar_sync(BAR_SCALE1, 256);
+        const float a1_lo = sSc1[r_lo], a1_hi = sSc1[r_hi];
+        const bool rescale1 = warp_rescales(a1_lo, a1_hi);
+        if (rescale1) {
+          wgmma_wait<0>();
+          reg_fence(o);
+          reg_fence_u(pa);
+          pack_pa(pa, s, a1_lo, a1_hi);
+        }
+        store_pa(sb + OFF_P0, pa, r_lo, r_hi, t);
+        fence_proxy_async_smem();
+        named_bar_arrive(BAR_P0, 256);
         wgmma_wait<0>();
         reg_fence(o);
         reg_fence_u(pa);
         if (RELEASE_LAST || nxt) release(empty_bar(sb, 0, 0), lane);  // K0 cb 0..3 dead
-        // P0 a1 -> sP0 for WG1
-        named_bar_sync(BAR_SCALE1, 256);
-        const float a1_lo = sSc1[r_lo], a1_hi = sSc1[r_hi];
-        pack_pa(pa, s, a1_lo, a1_hi);
-        store_pa(sb + OFF_P0, pa, r_lo, r_hi, t);
-        fence_proxy_async_smem();
-        named_bar_arrive(BAR_P0, 256);
         // O_L = O_L a1 + P1 V1L (SS, sP1 from WG1)
         named_bar_sync(BAR_P1, 256);
-        scale_o(o, a1_lo, a1_hi);
+        if (rescale1) scale_o(o, a1_lo, a1_hi);
         l_lo *= a1_lo;
         l_hi *= a1_hi;
 #pragma unroll
@@ -712,7 +738,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = fmaxf(mo_lo, mx_lo), mn_hi = fmaxf(mo_hi, mx_hi);
+        const float mn_lo = lazy_max(mo_lo, mx_lo), mn_hi = lazy_max(mo_hi, mx_hi);
         const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
         const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
         publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
@@ -725,7 +751,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         pack_pa(pa, s, 1.f, 1.f);
         store_pa(sb + OFF_P1, pa, r_lo, r_hi, t);
         fence_proxy_async_smem();
-        scale_o(o, f_lo, f_hi);
+        if (warp_rescales(f_lo, f_hi)) scale_o(o, f_lo, f_hi);
 #if MLA_TMA_K
         {
           const int v1 = tok_end - T1 * 64;
