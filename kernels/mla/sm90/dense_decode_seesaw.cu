@@ -35,7 +35,8 @@
 //           running max by more than 8 (log2 units; P <= 2^8), so most pairs have a0 = a1 = 1; a warp
 //           whose factors are all 1 skips its O rescale and the wgmma wait in front of it, and WG0 then
 //           stores P0 to sP0 from the registers P0 V0L is still reading (reads only) instead of
-//           repacking P0 a1 after that product retired.
+//           repacking P0 a1 after that product retired. Launches with MLA_FLAG_MAX_LOGITS (they report
+//           the running max as max_logits) keep the exact max.
 //           Within a warpgroup warp wi owns rows 16wi .. 16wi+15; lane 4g + t holds rows 16wi + g and
 //           16wi + g + 8 (wgmma C layout), the same rows in both warpgroups.
 // Smem map  (dynamic, base rounded up to 1024 B; all blocks 1024-aligned)
@@ -205,8 +206,11 @@ static_assert(!MLA_BALANCED || MLA_TMA_K, "the balanced schedule is built on the
 // Running max after a tile whose row max is m_tile: unchanged unless m_tile exceeds it by more than
 // MLA_LAZY_LOG2 (log2 units), so P = 2^(S - m) stays below 2^MLA_LAZY_LOG2 (exact in bf16 / fp16 range,
 // and the row sums in fp32) and most pairs need no rescale of O at all. 0: the exact running max.
-GQADRV_DEVICE float lazy_max(float m_old, float m_tile) {
-  return m_tile > m_old + (float)MLA_LAZY_LOG2 ? m_tile : m_old;
+// Launches that also write each row's max logit (MLA_FLAG_MAX_LOGITS: the sparse prefill) keep the
+// exact max, since the running max is what they report.
+GQADRV_DEVICE float lazy_max(const MlaDecodeArgs& a, float m_old, float m_tile) {
+  const float slack = (a.flags & MLA_FLAG_MAX_LOGITS) ? 0.f : (float)MLA_LAZY_LOG2;
+  return m_tile > m_old + slack ? m_tile : m_old;
 }
 // Whether any row of this warp has a rescale factor other than 1 (warp-uniform: a skipped rescale
 // also skips the wgmma wait before it).
@@ -406,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
   const int nmb = a.num_m_blocks;
 #if MLA_BALANCED
-  const int mb = (int)blockIdx.z, kvh = blockIdx.y;
+  const int mb = (int)blockIdx.z;  // the KV head (blockIdx.y) is read again by each role after its setmaxnreg
 #else
   const int S = a.num_splits;
   const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
@@ -658,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = lazy_max(mo_lo, mx_lo), mn_hi = lazy_max(mo_hi, mx_hi);
+        const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
         publish_max(sM, sSc0, r_lo, r_hi, t, mn_lo, mn_hi, a0_lo, a0_hi);
         float sum_lo, sum_hi;
@@ -738,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = lazy_max(mo_lo, mx_lo), mn_hi = lazy_max(mo_hi, mx_hi);
+        const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
         const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
         const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
         publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
