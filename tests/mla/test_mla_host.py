@@ -308,3 +308,20 @@ def test_fp8_cache_contract():
         contract.validate(*args, stream=None, is_fp8_kvcache=1)
     with pytest.raises(TypeError, match="pass is_fp8_kvcache=True"):
         contract.validate(*args, stream=None)
+
+
+def test_lazy_running_max_is_off_for_max_logits_launches():
+    """The seesaw's lazy running max (MLA_LAZY_LOG2) lets the max lag behind the row's true max, so the
+    launches that report it (the sparse prefill's max_logits, MLA_FLAG_MAX_LOGITS, set by plan.args_fields
+    whenever a problem has max_offset) must run the exact max: lazy_max reads the flag, and every update
+    of the running max goes through lazy_max."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "mla" / "sm90" / "dense_decode_seesaw.cu").read_text()
+    body = re.search(r"float lazy_max\(const MlaDecodeArgs& a, float m_old, float m_tile\) \{(.*?)\n\}", src, re.S)
+    assert body and "MLA_FLAG_MAX_LOGITS" in body.group(1) and "0.f" in body.group(1)
+    updates = re.findall(r"const float mn_lo = (\w+)\(", src)
+    assert updates and set(updates) == {"lazy_max"}, updates
+    plan_src = (Path(__file__).resolve().parents[2] / "gqadrv" / "mla" / "plan.py").read_text()
+    assert re.search(r"_ks\.FLAG_MAX_LOGITS if problem\.max_offset is not None", plan_src)
