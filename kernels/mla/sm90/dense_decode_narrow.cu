@@ -207,22 +207,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 
   // ===================================================================== consumer warpgroup
   const int w = warp, g = lane >> 2, t = lane & 3;
-  float ot[8][NACC];
-#pragma unroll
-  for (int m = 0; m < 8; ++m)
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) ot[m][i] = 0.f;
-  float m_run[NJ][2], l_run[NJ][2];
+  float ot[8][NACC], m_run[NJ][2], l_run[NJ][2];
   int lim[NJ][2];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      m_run[j][e] = M_INIT;
-      l_run[j][e] = 0.f;
-      lim[j][e] = min(row_key_limit(a, len, row0 + 8 * j + 2 * t + e), tok_end);
-    }
-  const int lim_min = min(row_key_limit(a, len, row0), tok_end);
+  const int lim_min = init_row_state(a, len, tok_end, row0, t, ot, m_run, l_run, lim);
   const float sc = a.scale_log2;
   float* red = reinterpret_cast<float*>(smem + OFF_RED);
 

@@ -260,22 +260,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 #pragma unroll 1
   while (next_item(it)) {
     const int nt = item_tiles(it);
-    float ot[8][NACC];
-#pragma unroll
-    for (int m = 0; m < 8; ++m)
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) ot[m][i] = 0.f;
-    float m_run[NJ][2], l_run[NJ][2];
+    float ot[8][NACC], m_run[NJ][2], l_run[NJ][2];
     int lim[NJ][2];
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_run[j][e] = M_INIT;
-        l_run[j][e] = 0.f;
-        lim[j][e] = min(row_key_limit(a, it.len, row0 + 8 * j + 2 * t + e), it.tok_end);
-      }
-    const int lim_min = min(row_key_limit(a, it.len, row0), it.tok_end);
+    const int lim_min = init_row_state(a, it.len, it.tok_end, row0, t, ot, m_run, l_run, lim);
 
     if (nt > 0) {
       mbar_wait_wd(q_full_bar(sb), (u32)nq & 1u);  // this item's Q (fenced by its copy threads)

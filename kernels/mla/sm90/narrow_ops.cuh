@@ -121,6 +121,26 @@ GQADRV_DEVICE void softmax_tile(const float (&sv)[NACC], int tile, int w, int g,
       }
 }
 
+// A consumer thread's fresh softmax state for one work item: O^T zeroed, running maxima M_INIT, row sums
+// 0, and the key limits of its rows row0 + 8 j + 2 t + e (clamped to tok_end, the item's token end).
+// Returns the block's smallest limit (that of row0), the first token any row masks.
+GQADRV_DEVICE int init_row_state(const MlaDecodeArgs& a, int len, int tok_end, int row0, int t, float (&ot)[8][NACC],
+                                 float (&m_run)[NJ][2], float (&l_run)[NJ][2], int (&lim)[NJ][2]) {
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) ot[m][i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m_run[j][e] = M_INIT;
+      l_run[j][e] = 0.f;
+      lim[j][e] = min(row_key_limit(a, len, row0 + 8 * j + 2 * t + e), tok_end);
+    }
+  return min(row_key_limit(a, len, row0), tok_end);
+}
+
 // Row sums of one consumer warpgroup: l_run over the 8 lanes g of a row (shuffles), then over the 4
 // warps through lred[4][NQ] and named barrier `bar` (128 threads). Every thread gets its rows' sums.
 GQADRV_DEVICE void row_sums(const float (&l_run)[NJ][2], int w, int g, int t, float* lred, u32 bar, float (&Lr)[NJ][2]) {
