@@ -155,6 +155,10 @@ def _balanced_cases():
         (128, 6, 1, 64, 2, [1, 128, 129, 0, 3000, 64], 1, False, "bfloat16"),
         (64, 1, 1, 128, 1, [20000], 64, False, "bfloat16"),
         (64, 16, 2, 64, 1, list(rng.integers(1, 2500, 16)), 13, True, "float16"),
+        # uniform lengths, about k = ceil(b / P) requests per CTA: the whole-request chunk (no cuts)
+        (64, 40, 1, 64, 1, [1000] * 40, 10, False, "bfloat16"),
+        (64, 12, 2, 64, 2, [777] * 12, 4, True, "float16"),
+        (64, 30, 1, 16, 1, [3000] * 30, 15, False, "bfloat16"),
     ]
     return cases
 

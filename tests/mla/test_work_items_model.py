@@ -49,6 +49,9 @@ def boundaries(ws, parts):
     """B_0 .. B_P of the snapped schedule (balanced_start), and the chunk."""
     total = sum(ws)
     chunk = max((total + parts - 1) // parts, 1)
+    k = (len(ws) + parts - 1) // parts
+    if len(set(ws)) == 1 and 16 * k * parts <= 17 * len(ws):  # uniform: k whole requests per CTA
+        chunk = k * ws[0]
     starts = np.concatenate([[0], np.cumsum(ws)])
     out = []
     for q in range(parts + 1):
@@ -150,6 +153,22 @@ def test_uniform_lengths_are_never_cut():
             assert all(it["nsplit"] == 1 for it in its), (b, parts, L, p, its)
             per.append(len(its))
         assert sum(per) == b and max(per) == 1, (b, parts, L, per)
+
+
+def test_uniform_batches_larger_than_the_grid_are_never_cut():
+    """Uniform lengths with b a little under a multiple k of P (h_q 128 and s_q 2 rows: b = 128 on 66
+    or 33 CTAs): chunk = k whole requests, no request is shared, no CTA holds more than k requests;
+    just past the 17/16 margin (b = 100 on 66 CTAs) the cut schedule is kept."""
+    for b, parts, L in ((128, 66, 4096), (128, 66, 8192), (128, 33, 8192), (130, 66, 1000), (256, 132, 4096),
+                        (63, 16, 64)):
+        lens = [L] * b
+        k = -(-b // parts)
+        per = [items_of(lens, parts, p, req_cost()) for p in range(parts)]
+        assert all(it["nsplit"] == 1 for its in per for it in its), (b, parts, L)
+        assert sum(len(its) for its in per) == b and max(len(its) for its in per) == k, (b, parts, L)
+    lens = [8192] * 100
+    shared = [it for p in range(66) for it in items_of(lens, 66, p, req_cost()) if it["nsplit"] > 1]
+    assert shared, "b = 100 on 66 CTAs is outside the 17/16 margin: some requests are cut"
 
 
 def test_shares_stay_near_one_chunk():

@@ -12,7 +12,11 @@
 //   w_i = REQ_COST + npairs_i units (REQ_COST for its Q load and epilogue, then one unit per pair); the
 //   requests' units are laid end to end (request i from C_i = sum_{j<i} w_j, its pairs from
 //   f_i = C_i + REQ_COST), W = sum w_i, chunk = ceil(W / P). CTA p takes the units [B_p, B_{p+1}),
-//   B_q = snap(q chunk) (B_0 = 0, B_q = W for q chunk >= W): a boundary inside a request of 1 to
+//   B_q = snap(q chunk) (B_0 = 0, B_q = W for q chunk >= W). When every request costs the same w and
+//   k = ceil(b / P) whole requests per CTA stay within 1/16 of ceil(W / P) (k P <= 17 b / 16: uniform
+//   batches of about k P requests, e.g. b = 128 on P = 66 or 33 CTAs), chunk = k w instead: every
+//   boundary is a request's end and no request is cut (a cut costs a partial, a ticket and a merge on
+//   the merging CTA's tail, more than the < 1/16 imbalance). Otherwise: a boundary inside a request of 1 to
 //   1.25 chunks moves to the nearer end of it (the start on a tie), so such requests are never cut
 //   (with uniform lengths and 0.8 P <= b <= P every request stays whole, one per CTA, as in the split
 //   grid); in any other request it moves to an end only within chunk / 8 units of it (no slivers),
@@ -182,11 +186,15 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
   constexpr int NW = NT / 32;
   const int lane = tid & 31, warp = tid >> 5;
   const int per = (a.b + NT - 1) / NT, i0 = min(tid * per, a.b), i1 = min(i0 + per, a.b);
-  int local = 0;
+  int len0;
+  const int w0 = REQ_COST + request_pairs(a, 0, last_row, len0);  // request 0's cost (a.b >= 1)
+  int local = 0, same = 1;
 #pragma unroll 1
   for (int i = i0; i < i1; ++i) {
     int len;
-    local += REQ_COST + request_pairs(a, i, last_row, len);
+    const int w = REQ_COST + request_pairs(a, i, last_row, len);
+    local += w;
+    same &= w == w0;
   }
   int incl = local;
 #pragma unroll
@@ -195,7 +203,7 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     if (lane >= d) incl += v;
   }
   if (lane == 31) sched[warp] = incl;
-  __syncthreads();
+  const bool uniform = __syncthreads_and(same) != 0;  // every request costs w0
   int before = 0, total = 0;
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
@@ -203,7 +211,11 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     before += w < warp ? v : 0;
     total += v;
   }
-  const int chunk = max((total + parts - 1) / parts, 1);
+  int chunk = max((total + parts - 1) / parts, 1);
+  // Uniform costs and about k = ceil(b / P) requests per CTA (k P <= 17/16 b): chunk = k whole requests,
+  // so every boundary lies on a request's end and nothing is cut (at most 1/16 above ceil(W / P)).
+  const int k_req = (a.b + parts - 1) / parts;
+  if (uniform && 16 * k_req * parts <= 17 * a.b) chunk = k_req * w0;
   const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
   const int excl = before + incl - local;
   if (tid == 0) {  // boundaries at or past the end
