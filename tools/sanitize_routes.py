@@ -175,6 +175,18 @@ def _mla_routes(cp, gqadrv, rng) -> int:
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
         print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+    # balanced grid on a uniform batch of k = 2 requests per CTA (the whole-request chunk, no cuts)
+    for backend, h_q in (("seesaw_bal", 64), ("narrow16_bal", 16)):
+        if _skip(backend):
+            continue
+        q, k, bt, ln = make_case(rng, 4, 1, h_q, 1, 64, [300] * 4, max_blocks=5)
+        o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                               num_splits=2, backend=backend)
+        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, False)
+        err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
+        ok = err < 3e-2 and bool(np.allclose(cp.asnumpy(lse), rl, atol=1e-3))
+        bad += not ok
+        print(f"mla {backend:10s} uniform b=4 on 2 CTAs max err {err:.2e} {'OK' if ok else 'FAIL'}")
     # the 656-byte FP8 cache (is_fp8_kvcache=True): unused rows all 0xFF (NaN codes, scales and RoPE)
     from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
 

@@ -24,8 +24,14 @@ def npairs(length: int) -> int:
     return (((max(length, 0) + 63) >> 6) + 1) >> 1
 
 
+def merge_cost() -> int:
+    m = re.search(r"constexpr int MERGE_COST = (\d+);", HEADER.read_text())
+    assert m, "MERGE_COST not found in work_items.cuh"
+    return int(m.group(1))
+
+
 def snap_boundary(x, c, w, chunk):
-    tol = w if (w >= chunk and 4 * w <= 5 * chunk) else chunk >> 3
+    tol = chunk >> 3
     d0, d1 = x - c, c + w - x
     if d0 <= d1 and d0 <= tol:
         return c
@@ -45,14 +51,23 @@ def cta_of_unit(x, c, w, chunk):
     return p
 
 
+def whole_k(ws, parts):
+    """k when the schedule gives every CTA k whole requests (k = ceil(b / P), every request at most
+    (even + even / 4 + MERGE_COST) / k units, even = ceil(W / P)), else 0 (the cut schedule)."""
+    b, total = len(ws), sum(ws)
+    even = max((total + parts - 1) // parts, 1)
+    k = (b + parts - 1) // parts
+    return k if all(k * w <= even + even // 4 + merge_cost() for w in ws) else 0
+
+
 def boundaries(ws, parts):
-    """B_0 .. B_P of the snapped schedule (balanced_start), and the chunk."""
+    """B_0 .. B_P of the schedule (balanced_start), and the chunk (0: whole requests)."""
     total = sum(ws)
-    chunk = max((total + parts - 1) // parts, 1)
-    k = (len(ws) + parts - 1) // parts
-    if len(set(ws)) == 1 and 16 * k * parts <= 17 * len(ws):  # uniform: k whole requests per CTA
-        chunk = k * ws[0]
     starts = np.concatenate([[0], np.cumsum(ws)])
+    k = whole_k(ws, parts)
+    if k:
+        return [int(starts[min(q * k, len(ws))]) for q in range(parts + 1)], 0
+    chunk = max((total + parts - 1) // parts, 1)
     out = []
     for q in range(parts + 1):
         x = q * chunk
@@ -88,9 +103,9 @@ def items_of(lens, parts: int, p: int, cost: int):
         j0, j1 = max(r0 - f, 0), min(r1 - f, np_)
         if j1 <= j0:
             continue
-        pf = cta_of_unit(f, c0, end - c0, chunk)
+        pf = cta_of_unit(f, c0, end - c0, chunk) if chunk else p
         out.append({"req": i, "t_beg": 2 * j0, "npairs": j1 - j0,
-                    "nsplit": cta_of_unit(end - 1, c0, end - c0, chunk) - pf + 1,
+                    "nsplit": cta_of_unit(end - 1, c0, end - c0, chunk) - pf + 1 if chunk else 1,
                     "slot0": pf + i, "slot": p + i, "cta": p})
     return out
 
@@ -142,46 +157,47 @@ def test_balanced_items_cover_every_pair_once(seed):
             assert answered[i] == 1, f"request {i} (len {x}) answered {answered[i]} times"
 
 
-def test_uniform_lengths_are_never_cut():
-    """Uniform lengths with 0.8 P <= b <= P (the bench rows at h_q <= 64): no request is shared, one
-    request per CTA at most."""
-    for b, parts, L in ((128, 132, 4096), (128, 132, 32768), (110, 132, 8192), (128, 132, 100), (53, 66, 4096)):
-        lens = [L] * b
-        per = []
-        for p in range(parts):
-            its = items_of(lens, parts, p, req_cost())
-            assert all(it["nsplit"] == 1 for it in its), (b, parts, L, p, its)
-            per.append(len(its))
-        assert sum(per) == b and max(per) == 1, (b, parts, L, per)
+def _even(lens, parts):
+    ws = [req_cost() + npairs(x) for x in lens]
+    return max((sum(ws) + parts - 1) // parts, 1)
 
 
-def test_uniform_batches_larger_than_the_grid_are_never_cut():
-    """Uniform lengths with b a little under a multiple k of P (h_q 128 and s_q 2 rows: b = 128 on 66
-    or 33 CTAs): chunk = k whole requests, no request is shared, no CTA holds more than k requests;
-    just past the 17/16 margin (b = 100 on 66 CTAs) the cut schedule is kept."""
-    for b, parts, L in ((128, 66, 4096), (128, 66, 8192), (128, 33, 8192), (130, 66, 1000), (256, 132, 4096),
-                        (63, 16, 64)):
-        lens = [L] * b
+def test_near_uniform_batches_take_whole_requests():
+    """Batches whose requests all fit k = ceil(b / P) to a CTA within 1/4 of the even share plus one
+    merge (uniform rows of the bench at every h_q, the varlen rows L + 2i, b = 128 on 132, 66 or 33
+    CTAs, b = 110 on 132): no request is shared and every CTA holds at most k requests."""
+    for b, parts, lens in ((128, 132, [4096] * 128), (128, 132, [32768] * 128), (128, 132, [100] * 128),
+                           (128, 66, [4096] * 128), (128, 66, [8192] * 128), (128, 33, [8192] * 128),
+                           (130, 66, [1000] * 130), (256, 132, [4096] * 256), (63, 16, [64] * 63),
+                           (128, 66, [8192 + 2 * i for i in range(128)]), (128, 132, [8192 + 2 * i for i in range(128)]),
+                           (110, 132, [4096] * 110), (110, 132, [8192] * 110), (100, 132, [8192] * 100)):
         k = -(-b // parts)
+        assert whole_k([req_cost() + npairs(x) for x in lens], parts) == k, (b, parts)
         per = [items_of(lens, parts, p, req_cost()) for p in range(parts)]
-        assert all(it["nsplit"] == 1 for its in per for it in its), (b, parts, L)
-        assert sum(len(its) for its in per) == b and max(len(its) for its in per) == k, (b, parts, L)
-    lens = [8192] * 100
-    shared = [it for p in range(66) for it in items_of(lens, 66, p, req_cost()) if it["nsplit"] > 1]
-    assert shared, "b = 100 on 66 CTAs is outside the 17/16 margin: some requests are cut"
+        assert all(it["nsplit"] == 1 for its in per for it in its), (b, parts)
+        assert sum(len(its) for its in per) == b and max(len(its) for its in per) == k, (b, parts)
 
 
-def test_shares_stay_near_one_chunk():
-    """Uniform batches of short requests (b > P) and ramps of lengths: no CTA gets more than
-    1.25 chunks plus one request's fixed cost."""
+def test_uneven_batches_are_cut_near_the_even_share():
+    """Where whole requests would leave some CTA more than 1/4 plus one merge above the even share
+    (b = 90 on 132 or b = 100 on 66 CTAs, ramps, the bench's spread rows, short requests mixed with
+    long ones), requests are cut: no CTA gets more than 1.25 even shares plus two requests' fixed
+    cost (the old rule kept requests of 1-1.25 chunks whole and left 1.5-1.7 shares on one CTA of the
+    spread rows)."""
     cost = req_cost()
-    for lens, parts in (([4096] * 128, 66), ([4096] * 256, 132), ([1000 + 97 * i for i in range(128)], 132),
-                        ([64 * (1 + i % 200) for i in range(300)], 132)):
+    b = 128
+    cases = [([8192] * 90, 132), ([32768] * 100, 132), ([8192] * 100, 66), ([1000 + 97 * i for i in range(128)], 132),
+             ([64 * (1 + i % 200) for i in range(300)], 132)]
+    for L in (4096, 8192):
+        ramp = [L // 4 + (3 * L // 2) * i // (b - 1) for i in range(b)]
+        cases.append(([ramp[(37 * i) % b] for i in range(b)], 132))
+    for lens, parts in cases:
         ws = [cost + npairs(x) for x in lens]
-        _, chunk = boundaries(ws, parts)
-        for p in range(parts):
-            load = sum(it["npairs"] + cost for it in items_of(lens, parts, p, cost))
-            assert load <= chunk + chunk // 4 + 2 * cost, (parts, p, load, chunk)
+        assert whole_k(ws, parts) == 0, (len(lens), parts)
+        even = _even(lens, parts)
+        loads = [sum(it["npairs"] + cost for it in items_of(lens, parts, p, cost)) for p in range(parts)]
+        assert max(loads) <= even + even // 4 + 2 * cost, (len(lens), parts, max(loads), even)
+        assert any(it["nsplit"] > 1 for p in range(parts) for it in items_of(lens, parts, p, cost))
 
 
 def test_one_long_request_is_spread():
@@ -191,6 +207,7 @@ def test_one_long_request_is_spread():
     parts = 132
     ws = [req_cost() + npairs(x) for x in lens]
     _, chunk = boundaries(ws, parts)
+    assert chunk > 0
     loads = [sum(it["npairs"] for it in items_of(lens, parts, p, req_cost())) for p in range(parts)]
     assert max(loads) <= 2 * chunk
     its0 = [it for p in range(parts) for it in items_of(lens, parts, p, req_cost()) if it["req"] == 0]

@@ -11,22 +11,23 @@
 //   row block) group (the host picks about one CTA per SM in total). Request i costs
 //   w_i = REQ_COST + npairs_i units (REQ_COST for its Q load and epilogue, then one unit per pair); the
 //   requests' units are laid end to end (request i from C_i = sum_{j<i} w_j, its pairs from
-//   f_i = C_i + REQ_COST), W = sum w_i, chunk = ceil(W / P). CTA p takes the units [B_p, B_{p+1}),
-//   B_q = snap(q chunk) (B_0 = 0, B_q = W for q chunk >= W). When every request costs the same w and
-//   k = ceil(b / P) whole requests per CTA stay within 1/16 of ceil(W / P) (k P <= 17 b / 16: uniform
-//   batches of about k P requests, e.g. b = 128 on P = 66 or 33 CTAs), chunk = k w instead: every
-//   boundary is a request's end and no request is cut (a cut costs a partial, a ticket and a merge on
-//   the merging CTA's tail, more than the < 1/16 imbalance). Otherwise: a boundary inside a request of 1 to
-//   1.25 chunks moves to the nearer end of it (the start on a tie), so such requests are never cut
-//   (with uniform lengths and 0.8 P <= b <= P every request stays whole, one per CTA, as in the split
-//   grid); in any other request it moves to an end only within chunk / 8 units of it (no slivers),
-//   so requests longer or shorter than that are cut where needed: every CTA gets about one chunk,
-//   and one long request in a batch no longer runs on a single CTA. (Measured on the H200 against
-//   two other tolerances, docs/MLA.md.) snap is monotone (it moves a boundary only within its
-//   request, to the nearer end), so the ranges partition [0, W). The CTA holding unit x, cta(x), is
-//   floor(x / chunk) corrected for the two boundaries of x's request that may have moved (its first
-//   interior boundary to the start, its last to the end; a request of at most 1.25 chunks holds at
-//   most two, and in any request a boundary further inside is more than chunk / 8 from both ends).
+//   f_i = C_i + REQ_COST), W = sum w_i, even = ceil(W / P), k = ceil(b / P). Two modes, chosen on the
+//   device at every launch:
+//   * whole requests, when every w_i <= (even + even / 4 + MERGE_COST) / k (uniform batches of 0.8 P
+//     to P requests or of about k P, and near-uniform ones such as lengths L + 2i): CTA p takes
+//     requests [k p, k (p + 1)), i.e. the units [C_{kp}, C_{k(p+1)}); no request is cut. The cut
+//     mode below can leave a CTA up to even + even / 4 (two boundaries moved outward by chunk / 8) and
+//     adds a partial, a ticket and a merge per cut; measured on the H200 (docs/MLA.md), cuts lost to
+//     whole requests at 1.18 even shares (b = 110 uniform on 132 CTAs, 4-10 %) and won on the ramps
+//     of lengths (11-19 %). The walker sees chunk = 0 and yields every item with nsplit 1.
+//   * cut: chunk = even, CTA p takes the units [B_p, B_{p+1}), B_q = snap(q chunk) (B_0 = 0, B_q = W
+//     for q chunk >= W): a boundary moves to the nearer end of its request only within chunk / 8
+//     units of it (no slivers), so every CTA gets about one chunk (at most 1.25 with the fixed costs)
+//     and one long request in a batch no longer runs on a single CTA. snap is monotone (it moves a
+//     boundary only within its request, to the nearer end), so the ranges partition [0, W). The CTA
+//     holding unit x, cta(x), is floor(x / chunk) corrected for the two boundaries of x's request that
+//     may have moved (its first interior boundary to the start, its last to the end; a boundary
+//     further inside is more than chunk / 8 from both ends).
 //   A request with pairs is shared by nsplit = cta(last pair) - cta(f_i) + 1 CTAs; only a CTA's
 //   first and last item can be shared. A request without pairs (length 0) is answered by the CTA
 //   whose range holds C_i (out 0, lse +inf). Partial slots: CTA p's share of request i uses slot p + i of the group's (P + b)
@@ -46,7 +47,8 @@
 
 namespace mla {
 
-constexpr int REQ_COST = 1;  // fixed cost of one request, in pairs (balanced schedule)
+constexpr int REQ_COST = 1;    // fixed cost of one request, in pairs (balanced schedule)
+constexpr int MERGE_COST = 4;  // what a cut adds to the merging CTA's tail, in pairs (whole-request test)
 
 struct WorkItem {
   int req;      // request index
@@ -67,10 +69,9 @@ GQADRV_DEVICE int request_pairs(const MlaDecodeArgs& a, int req, int last_row, i
 }
 
 // Boundary x (C <= x < C + w, inside the request [C, C + w)) moved to the nearer end of the request
-// when it lies within tol units of it (the start on a tie), else x: tol = w (always moved) for
-// requests of 1 to 1.25 chunks, chunk / 8 otherwise (see the header comment).
+// when it lies within chunk / 8 units of it (the start on a tie), else x (see the header comment).
 GQADRV_DEVICE int snap_boundary(int x, int c, int w, int chunk) {
-  const int tol = (w >= chunk && 4 * w <= 5 * chunk) ? w : chunk >> 3;
+  const int tol = chunk >> 3;
   const int d0 = x - c, d1 = c + w - x;
   if (d0 <= d1 && d0 <= tol) return c;
   if (d1 <= tol && d1 < d0) return c + w;
@@ -133,13 +134,13 @@ struct BalancedWalker {
       const int j0 = max(r0 - f, 0), j1 = min(r1 - f, np);
       if (j1 <= j0) continue;
       const int key_len = row_key_limit(a, len, last_row);
-      const int pf = cta_of_unit(f, c, end - c, chunk);
+      const int pf = chunk > 0 ? cta_of_unit(f, c, end - c, chunk) : p;  // chunk 0: whole requests
       w.req = i;
       w.len = len;
       w.t_beg = 2 * j0;
       w.npairs = j1 - j0;
       w.tok_end = min(key_len, 2 * j1 * 64);
-      w.nsplit = cta_of_unit(end - 1, c, end - c, chunk) - pf + 1;
+      w.nsplit = chunk > 0 ? cta_of_unit(end - 1, c, end - c, chunk) - pf + 1 : 1;
       w.slot0 = slot_base + pf + i;
       w.slot = slot_base + p + i;
       return true;
@@ -178,7 +179,7 @@ GQADRV_DEVICE void run_merges_won(const MlaDecodeArgs& a, const int* s_merge, in
 }
 
 // The balanced schedule's start, by a block-wide scan of the request costs: all NT threads call it
-// (it holds two __syncthreads). `sched`: NT / 32 + 5 ints of shared memory that keep the result
+// (it holds three CTA-wide barriers: the scan, the whole-request test, the result). `sched`: NT / 32 + 5 ints of shared memory that keep the result
 // (sched[NW .. NW + 4] = first request, its cost start, r0, r1, chunk) for balanced_walker(), which
 // each role calls after its setmaxnreg (values live across setmaxnreg would be spilled).
 template <int NT>
@@ -186,15 +187,11 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
   constexpr int NW = NT / 32;
   const int lane = tid & 31, warp = tid >> 5;
   const int per = (a.b + NT - 1) / NT, i0 = min(tid * per, a.b), i1 = min(i0 + per, a.b);
-  int len0;
-  const int w0 = REQ_COST + request_pairs(a, 0, last_row, len0);  // request 0's cost (a.b >= 1)
-  int local = 0, same = 1;
+  int local = 0;
 #pragma unroll 1
   for (int i = i0; i < i1; ++i) {
     int len;
-    const int w = REQ_COST + request_pairs(a, i, last_row, len);
-    local += w;
-    same &= w == w0;
+    local += REQ_COST + request_pairs(a, i, last_row, len);
   }
   int incl = local;
 #pragma unroll
@@ -203,7 +200,7 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     if (lane >= d) incl += v;
   }
   if (lane == 31) sched[warp] = incl;
-  const bool uniform = __syncthreads_and(same) != 0;  // every request costs w0
+  __syncthreads();
   int before = 0, total = 0;
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
@@ -211,13 +208,49 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     before += w < warp ? v : 0;
     total += v;
   }
-  int chunk = max((total + parts - 1) / parts, 1);
-  // Uniform costs and about k = ceil(b / P) requests per CTA (k P <= 17/16 b): chunk = k whole requests,
-  // so every boundary lies on a request's end and nothing is cut (at most 1/16 above ceil(W / P)).
-  const int k_req = (a.b + parts - 1) / parts;
-  if (uniform && 16 * k_req * parts <= 17 * a.b) chunk = k_req * w0;
-  const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
   const int excl = before + incl - local;
+  const int even = max((total + parts - 1) / parts, 1);
+  // Whole requests, k = ceil(b / P) per CTA, when every request is at most (even + even / 4 +
+  // MERGE_COST) / k units (the second barrier ANDs the test over the threads' requests).
+  const int k_req = (a.b + parts - 1) / parts;
+  const long long cap = (long long)even + (even >> 2) + MERGE_COST;
+  int fits = 1;
+#pragma unroll 1
+  for (int i = i0; i < i1; ++i) {
+    int len;
+    fits &= (long long)k_req * (REQ_COST + request_pairs(a, i, last_row, len)) <= cap;
+  }
+  if (__syncthreads_and(fits)) {
+    // CTA p takes requests [k p, k (p + 1)): its units start at C_{k p}; the walker sees chunk 0
+    const int q0 = p * k_req, q1 = q0 + k_req;
+    if (tid == 0) {
+      sched[NW + 4] = 0;
+      if (q0 >= a.b) {
+        sched[NW] = a.b;
+        sched[NW + 1] = total;
+        sched[NW + 2] = total;
+      }
+      if (q1 >= a.b) sched[NW + 3] = total;
+    }
+    if ((i0 <= q0 && q0 < i1) || (i0 <= q1 && q1 < i1)) {
+      int c = excl;
+#pragma unroll 1
+      for (int i = i0; i < i1; ++i) {
+        if (i == q0) {
+          sched[NW] = i;
+          sched[NW + 1] = c;
+          sched[NW + 2] = c;
+        }
+        if (i == q1) sched[NW + 3] = c;
+        int len;
+        c += REQ_COST + request_pairs(a, i, last_row, len);
+      }
+    }
+    __syncthreads();
+    return;
+  }
+  const int chunk = even;
+  const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
   if (tid == 0) {  // boundaries at or past the end
     sched[NW + 4] = chunk;
     if (x0 >= total) {
