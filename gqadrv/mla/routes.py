@@ -5,8 +5,9 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
   from one producer thread, one CTA per (request, row block, split); the default on the H200 for
   every head count when k_cache is TMA-describable (pages of 64..256 tokens, 16-byte aligned
   strides) and the batch is small (the split count comes from the shapes).
-* ``seesaw_bal`` (sm_90a): the same kernel on the balanced persistent grid (about one CTA per SM,
-  each taking an equal share of all requests' tiles, long requests shared between CTAs,
+* ``seesaw_bal`` (sm_90a): the same kernel on the balanced persistent grid (about one CTA per SM;
+  whole requests per CTA when the lengths are near uniform, else an equal share of all requests'
+  tiles with long requests shared between CTAs, chosen on the device at each launch:
   kernels/mla/common/work_items.cuh); the default for TMA-describable caches when the requests' row
   blocks fill 3/4 of the SMs (the split grid would then run every request on one CTA, so a single
   long request would set the time of the whole batch).
