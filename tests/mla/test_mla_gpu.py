@@ -182,8 +182,9 @@ def _narrow_balanced_cases():
 @pytest.mark.parametrize("backend,case", [(bk, c) for bk in ("seesaw_bal",) for c in _balanced_cases()] + _narrow_balanced_cases(),
                          ids=lambda c: c if isinstance(c, str) else f"p{c[0]}-b{c[1]}-s{c[2]}h{c[3]}kv{c[4]}-P{c[6]}")
 def test_balanced_grid(backend, case):
-    """seesaw_bal / narrow16_bal: every CTA takes an equal share of all requests' tile pairs
-    (work_items.cuh); shared requests merge in the CTA that finishes last. Every input strided, NaN
+    """seesaw_bal / narrow16_bal: every CTA takes k whole requests (near-uniform lengths) or an equal
+    share of all requests' tile pairs (work_items.cuh); shared requests merge in the CTA that finishes
+    last. Every input strided, NaN
     in unused pages, a second launch equal to the first (tickets reset), and a replay with other
     lengths in place."""
     import cupy as cp
