@@ -204,7 +204,8 @@ KERNELS = {
         "seesaw_bal", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_tma", 384, 64, SEESAW_SMEM_BYTES,
         (("MLA_TMA_K", 1), ("MLA_BALANCED", 1)), ("sm_90a",), None,
         "seesaw_tma on a persistent grid of about one CTA per SM: whole requests per CTA when the lengths are "
-        "near uniform, else an equal share of all requests' pairs of tiles (work_items.cuh)", tma_boxes=(4, 5), balanced=True),
+        "near uniform, else an equal share of all requests' pairs of tiles (work_items.cuh)",
+        tma_boxes=(4, 5), balanced=True),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,

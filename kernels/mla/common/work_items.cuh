@@ -179,9 +179,10 @@ GQADRV_DEVICE void run_merges_won(const MlaDecodeArgs& a, const int* s_merge, in
 }
 
 // The balanced schedule's start, by a block-wide scan of the request costs: all NT threads call it
-// (it holds three CTA-wide barriers: the scan, the whole-request test, the result). `sched`: NT / 32 + 5 ints of shared memory that keep the result
-// (sched[NW .. NW + 4] = first request, its cost start, r0, r1, chunk) for balanced_walker(), which
-// each role calls after its setmaxnreg (values live across setmaxnreg would be spilled).
+// (it holds three CTA-wide barriers: the scan, the whole-request test, the result). `sched`: NT / 32
+// + 5 ints of shared memory that keep the result (sched[NW .. NW + 4] = first request, its cost
+// start, r0, r1, chunk; chunk 0 = whole requests) for balanced_walker(), which each role calls after
+// its setmaxnreg (values live across setmaxnreg would be spilled).
 template <int NT>
 GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, int parts, int* sched, int tid) {
   constexpr int NW = NT / 32;
