@@ -17,7 +17,8 @@
 # of GPU memory at B16; first run 2026-12-01); mla_fp8_bench (`bench --op mla_fp8`: MLA decode on the
 # 656-byte FP8 cache against our bf16 cache); mla_fp8_ncu (Nsight Compute on the FP8 and the bf16 MLA
 # kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py);
-# mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
+# mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
+# schedule in the same rows); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
 set -u
@@ -41,6 +42,19 @@ for step in $STEPS; do
   bench) python3 -m gqadrv bench --no-geometry --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 ;;
   mla_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --reps 10 \
                --json "$OUT/mla_bench.json" > "$OUT/mla_bench.txt" 2>&1 ;;
+  mla_sched) # the balanced grid's schedule experiments (kernel_spec.SCHEDULE_EXPERIMENTS) beside the default,
+             # same rows, rounds interleaved: seesaw_bal at h_q 64 / 128, narrow16_bal at h_q 16
+             for fam in seesaw_bal:64,128 narrow16_bal:16; do
+               name=${fam%%:*}; rows=""
+               for h in $(echo "${fam#*:}" | tr , ' '); do
+                 rows="$rows 128,1,$h,4096,spread 128,1,$h,8192,spread 128,1,$h,4096,skew 128,1,$h,8192,varlen"
+                 rows="$rows 110,1,$h,8192 110,1,$h,4096 128,1,$h,4096 128,1,$h,8192"
+               done
+               # shellcheck disable=SC2086  # one word per row
+               GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
+                 --mla-also ${name}_snap16 ${name}_snap32 ${name}_cut32 --mla-rows $rows \
+                 --json "$OUT/mla_sched_$name.json" > "$OUT/mla_sched_$name.txt" 2>&1
+             done ;;
   mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
   mla_sanitize) for t in memcheck racecheck; do
                   compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import struct
 from pathlib import Path
@@ -270,6 +271,34 @@ KERNELS = {
         "the mma.sync kernel on 512-channel q / K rows (d_qk 512: block 8 zero-filled)", nope=True),
 }
 assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_bytes for k, v in KERNELS.items()}
+
+
+# Schedule experiments (kernels/mla/common/work_items.cuh's MLA_SNAP_SHIFT / MLA_WHOLE_SLACK_SHIFT /
+# MLA_WHOLE_MODE): the balanced variants built with other schedule constants, registered only when the
+# process starts with GQADRV_MLA_EXPERIMENTS=1, so that the bench can time them beside the default in the
+# same run (``bench --op mla --mla-also seesaw_bal_snap32 ...``). Never routed; forced by name only.
+# suffix -> (snap shift, whole-mode slack shift, whole mode): chunk / 16 snapping with the whole mode at
+# even / 8 (the cut mode's worst case then), chunk / 32 with even / 16, and chunk / 32 cuts always.
+SCHEDULE_EXPERIMENTS = {"snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0)}
+EXPERIMENTS_ENV = "GQADRV_MLA_EXPERIMENTS"
+
+
+def schedule_experiments() -> dict:
+    """The experiment variants (name -> KernelVariant) derived from every balanced variant."""
+    out = {}
+    for base in [k for k in KERNELS.values() if k.balanced]:
+        for suffix, (snap, slack, whole) in SCHEDULE_EXPERIMENTS.items():
+            name = f"{base.name}_{suffix}"
+            out[name] = dataclasses.replace(
+                base, name=name, doc=f"{base.name} with snap shift {snap}, whole slack shift {slack}, whole mode "
+                                     f"{whole} (schedule experiment, {EXPERIMENTS_ENV}=1)",
+                fixed_defines=base.fixed_defines + (("MLA_SNAP_SHIFT", snap), ("MLA_WHOLE_SLACK_SHIFT", slack),
+                                                    ("MLA_WHOLE_MODE", whole)))
+    return out
+
+
+if os.environ.get(EXPERIMENTS_ENV) == "1":
+    KERNELS.update(schedule_experiments())
 
 
 def kernel(variant: str) -> KernelVariant:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gqadrv.mla.kernel_spec import SCHEDULE_EXPERIMENTS
+
 HEADER = Path(__file__).resolve().parents[2] / "kernels" / "mla" / "common" / "work_items.cuh"
 
 
@@ -30,8 +32,20 @@ def merge_cost() -> int:
     return int(m.group(1))
 
 
-def snap_boundary(x, c, w, chunk):
-    tol = chunk >> 3
+def header_define(name: str) -> int:
+    m = re.search(rf"#define {name} (\d+)", HEADER.read_text())
+    assert m, f"{name} default not found in work_items.cuh"
+    return int(m.group(1))
+
+
+# (snap shift, whole-mode slack shift, whole mode): the header's defaults, and each schedule experiment
+# of kernel_spec (built with other values of the same three defines)
+DEFAULT_SCHED = (header_define("MLA_SNAP_SHIFT"), header_define("MLA_WHOLE_SLACK_SHIFT"), header_define("MLA_WHOLE_MODE"))
+SCHEDS = [DEFAULT_SCHED, *SCHEDULE_EXPERIMENTS.values()]
+
+
+def snap_boundary(x, c, w, chunk, shift=None):
+    tol = chunk >> (DEFAULT_SCHED[0] if shift is None else shift)
     d0, d1 = x - c, c + w - x
     if d0 <= d1 and d0 <= tol:
         return c
@@ -40,31 +54,34 @@ def snap_boundary(x, c, w, chunk):
     return x
 
 
-def cta_of_unit(x, c, w, chunk):
+def cta_of_unit(x, c, w, chunk, shift=None):
     p = x // chunk
     qa, qb = (c + chunk - 1) // chunk, (c + w - 1) // chunk
     if qa <= qb:
-        if snap_boundary(qa * chunk, c, w, chunk) == c:
+        if snap_boundary(qa * chunk, c, w, chunk, shift) == c:
             p = max(p, qa)
-        if snap_boundary(qb * chunk, c, w, chunk) == c + w:
+        if snap_boundary(qb * chunk, c, w, chunk, shift) == c + w:
             p = min(p, qb - 1)
     return p
 
 
-def whole_k(ws, parts):
+def whole_k(ws, parts, sched=None):
     """k when the schedule gives every CTA k whole requests (k = ceil(b / P), every request at most
-    (even + even / 4 + MERGE_COST) / k units, even = ceil(W / P)), else 0 (the cut schedule)."""
+    (even + (even >> slack shift) + MERGE_COST) / k units, even = ceil(W / P); even / 4 by default),
+    else 0 (the cut schedule; always with the whole mode off)."""
+    _snap, slack, whole = DEFAULT_SCHED if sched is None else sched
     b, total = len(ws), sum(ws)
     even = max((total + parts - 1) // parts, 1)
     k = (b + parts - 1) // parts
-    return k if all(k * w <= even + even // 4 + merge_cost() for w in ws) else 0
+    return k if whole and all(k * w <= even + (even >> slack) + merge_cost() for w in ws) else 0
 
 
-def boundaries(ws, parts):
+def boundaries(ws, parts, sched=None):
     """B_0 .. B_P of the schedule (balanced_start), and the chunk (0: whole requests)."""
+    shift = (DEFAULT_SCHED if sched is None else sched)[0]
     total = sum(ws)
     starts = np.concatenate([[0], np.cumsum(ws)])
-    k = whole_k(ws, parts)
+    k = whole_k(ws, parts, sched)
     if k:
         return [int(starts[min(q * k, len(ws))]) for q in range(parts + 1)], 0
     chunk = max((total + parts - 1) // parts, 1)
@@ -75,14 +92,15 @@ def boundaries(ws, parts):
             out.append(total)
             continue
         i = int(np.searchsorted(starts, x, side="right") - 1)
-        out.append(snap_boundary(x, int(starts[i]), ws[i], chunk))
+        out.append(snap_boundary(x, int(starts[i]), ws[i], chunk, shift))
     return out, chunk
 
 
-def items_of(lens, parts: int, p: int, cost: int):
+def items_of(lens, parts: int, p: int, cost: int, sched=None):
     """The items CTA p yields (BalancedWalker.next after balanced_start), as dicts."""
+    shift = (DEFAULT_SCHED if sched is None else sched)[0]
     ws = [cost + npairs(x) for x in lens]
-    bnd, chunk = boundaries(ws, parts)
+    bnd, chunk = boundaries(ws, parts, sched)
     r0, r1 = bnd[p], bnd[p + 1]
     total = sum(ws)
     if r0 >= total:
@@ -103,15 +121,24 @@ def items_of(lens, parts: int, p: int, cost: int):
         j0, j1 = max(r0 - f, 0), min(r1 - f, np_)
         if j1 <= j0:
             continue
-        pf = cta_of_unit(f, c0, end - c0, chunk) if chunk else p
+        pf = cta_of_unit(f, c0, end - c0, chunk, shift) if chunk else p
         out.append({"req": i, "t_beg": 2 * j0, "npairs": j1 - j0,
-                    "nsplit": cta_of_unit(end - 1, c0, end - c0, chunk) - pf + 1 if chunk else 1,
+                    "nsplit": cta_of_unit(end - 1, c0, end - c0, chunk, shift) - pf + 1 if chunk else 1,
                     "slot0": pf + i, "slot": p + i, "cta": p})
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_balanced_items_cover_every_pair_once(seed):
+def _sched_id(t) -> str:
+    return "snap%d_slack%d_whole%d" % t
+
+
+# the default constants on 40 seeds, each schedule experiment on every fourth one (CI time)
+_COVER_CASES = ([pytest.param(seed, DEFAULT_SCHED, id=f"{seed}-default") for seed in range(40)]
+                + [pytest.param(seed, t, id=f"{seed}-{_sched_id(t)}") for t in SCHEDS[1:] for seed in range(0, 40, 4)])
+
+
+@pytest.mark.parametrize(("seed", "sched"), _COVER_CASES)
+def test_balanced_items_cover_every_pair_once(seed, sched):
     rng = np.random.default_rng(seed)
     b = int(rng.integers(1, 300))
     kind = seed % 4
@@ -130,7 +157,7 @@ def test_balanced_items_cover_every_pair_once(seed):
     shares: dict = {}
     slots = set()
     for p in range(parts):
-        its = items_of(list(lens), parts, p, cost)
+        its = items_of(list(lens), parts, p, cost, sched)
         for k, it in enumerate(its):
             i = it["req"]
             if it["npairs"] == 0:
@@ -212,3 +239,51 @@ def test_one_long_request_is_spread():
     assert max(loads) <= 2 * chunk
     its0 = [it for p in range(parts) for it in items_of(lens, parts, p, req_cost()) if it["req"] == 0]
     assert 14 <= len(its0) <= 17 and all(it["nsplit"] == len(its0) for it in its0)
+
+
+@pytest.mark.parametrize("sched", SCHEDS, ids=_sched_id)
+def test_cut_loads_stay_within_the_snapping_tolerance(sched):
+    """In the cut mode no CTA gets more than the even share plus two snapped boundaries (chunk >> snap
+    shift each) plus two requests' fixed cost, for the default constants and every schedule experiment
+    (kernel_spec.SCHEDULE_EXPERIMENTS); with the whole mode off, uniform batches are cut too."""
+    snap, slack, whole = sched
+    cost = req_cost()
+    b = 128
+    cases = [([8192] * 90, 132), ([8192] * 110, 132), ([4096] * 128, 132), ([8192] * 128, 66),
+             ([1000 + 97 * i for i in range(128)], 132), ([16 * 4096] + [4096] * 127, 132)]
+    for L in (4096, 8192):
+        ramp = [L // 4 + (3 * L // 2) * i // (b - 1) for i in range(b)]
+        cases.append(([ramp[(37 * i) % b] for i in range(b)], 132))
+    for lens, parts in cases:
+        ws = [cost + npairs(x) for x in lens]
+        even = _even(lens, parts)
+        loads = [sum(it["npairs"] + cost for it in items_of(lens, parts, p, cost, sched)) for p in range(parts)]
+        if whole_k(ws, parts, sched):
+            assert max(loads) <= even + (even >> slack) + merge_cost(), (len(lens), parts, max(loads), even)
+            continue
+        assert max(loads) <= even + 2 * (even >> snap) + 2 * cost, (len(lens), parts, max(loads), even)
+        if not whole:
+            assert any(it["nsplit"] > 1 for p in range(parts) for it in items_of(lens, parts, p, cost, sched))
+
+
+def test_schedule_experiments_differ_from_the_default_where_meant():
+    """What each experiment changes on the bench's rows (CPU model; docs/MLA.md): chunk / 32 snapping
+    with the even / 16 whole-mode slack sends b = 110 uniform requests on 132 CTAs to the cut mode with
+    every CTA at the even share plus at most one boundary's tolerance (the default keeps them whole, 65
+    units against an even share of 55), and evens out the ramps; cut32 also cuts b = 128 uniform."""
+    cost = req_cost()
+    lens110 = [8192] * 110
+    ws = [cost + npairs(x) for x in lens110]
+    assert whole_k(ws, 132) == 1 and whole_k(ws, 132, SCHEDULE_EXPERIMENTS["snap32"]) == 0
+    even = _even(lens110, 132)
+    loads = [sum(it["npairs"] + cost for it in items_of(lens110, 132, p, cost, SCHEDULE_EXPERIMENTS["snap32"]))
+             for p in range(132)]
+    assert max(loads) <= even + (even >> 5) + cost < 65
+    lens128 = [4096] * 128
+    assert whole_k([cost + npairs(x) for x in lens128], 132, SCHEDULE_EXPERIMENTS["cut32"]) == 0
+    ramp = [2048 + 12288 * i // 127 for i in range(128)]
+    ramp = [ramp[(37 * i) % 128] for i in range(128)]
+    worst = {}
+    for name, sched in (("default", None), *SCHEDULE_EXPERIMENTS.items()):
+        worst[name] = max(sum(it["npairs"] + cost for it in items_of(ramp, 132, p, cost, sched)) for p in range(132))
+    assert worst["snap32"] < worst["snap16"] < worst["default"], worst

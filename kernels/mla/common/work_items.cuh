@@ -43,6 +43,19 @@
 #ifndef MLA_BALANCED
 #define MLA_BALANCED 0
 #endif
+// Schedule constants of the balanced grid (the defaults are the measured rule; other values only in
+// the experiment variants of kernel_spec, GQADRV_MLA_EXPERIMENTS=1): a cut-mode boundary snaps to a
+// request end within chunk >> MLA_SNAP_SHIFT units; the whole mode allows even >> MLA_WHOLE_SLACK_SHIFT
+// units above the even share (plus MERGE_COST); MLA_WHOLE_MODE 0 never takes it (cuts always).
+#ifndef MLA_SNAP_SHIFT
+#define MLA_SNAP_SHIFT 3
+#endif
+#ifndef MLA_WHOLE_SLACK_SHIFT
+#define MLA_WHOLE_SLACK_SHIFT 2
+#endif
+#ifndef MLA_WHOLE_MODE
+#define MLA_WHOLE_MODE 1
+#endif
 
 
 namespace mla {
@@ -69,9 +82,10 @@ GQADRV_DEVICE int request_pairs(const MlaDecodeArgs& a, int req, int last_row, i
 }
 
 // Boundary x (C <= x < C + w, inside the request [C, C + w)) moved to the nearer end of the request
-// when it lies within chunk / 8 units of it (the start on a tie), else x (see the header comment).
+// when it lies within chunk >> MLA_SNAP_SHIFT units of it (chunk / 8; the start on a tie), else x (see the
+// header comment).
 GQADRV_DEVICE int snap_boundary(int x, int c, int w, int chunk) {
-  const int tol = chunk >> 3;
+  const int tol = chunk >> MLA_SNAP_SHIFT;
   const int d0 = x - c, d1 = c + w - x;
   if (d0 <= d1 && d0 <= tol) return c;
   if (d1 <= tol && d1 < d0) return c + w;
@@ -214,8 +228,8 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
   // Whole requests, k = ceil(b / P) per CTA, when every request is at most (even + even / 4 +
   // MERGE_COST) / k units (the second barrier ANDs the test over the threads' requests).
   const int k_req = (a.b + parts - 1) / parts;
-  const long long cap = (long long)even + (even >> 2) + MERGE_COST;
-  int fits = 1;
+  const long long cap = (long long)even + (even >> MLA_WHOLE_SLACK_SHIFT) + MERGE_COST;
+  int fits = MLA_WHOLE_MODE;
 #pragma unroll 1
   for (int i = i0; i < i1; ++i) {
     int len;
