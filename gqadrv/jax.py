@@ -24,7 +24,8 @@ are static Python values, not traced arrays; which of the optional arrays (the M
 the sparse prefill's sinks, lengths and cu_seqlens) are given is static too.
 
 The callback runs at every execution (it is not recorded into XLA command buffers), costing one
-Python call and gqadrv's convenience-call host time per op. gqadrv's split workspace comes from its
+Python call and gqadrv's convenience-call host time per op; ``gqa_decode`` with one query token and
+no LSE re-launches its layout's plan from the second execution on (XLA's buffers have a fast reader). gqadrv's split workspace comes from its
 per-(device, stream) pool. There is no JVP / transpose rule (no gradients) and no batching rule.
 
 Needs the ``jax`` extra (``pip install 'gqadrv[jax]'``, JAX >= 0.7 with a CUDA backend).

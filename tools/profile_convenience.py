@@ -8,7 +8,9 @@ on the GPU), B1 Hq32 Hkv8 D128 C1024 fp16 unless told otherwise:
   once after warm-up (kernels loaded), each call timed on its own (median); and the first call
   after forgetting the layout plans (``api._layouts.clear()``, same tensors: routes and tensor maps
   warm), also timed per call;
-* ``launch_prepared(p)`` (CuPy and torch; JAX outputs cannot be written in place).
+* ``launch_prepared(p)`` (CuPy and torch; JAX outputs cannot be written in place);
+* JAX only: a jitted ``gqadrv.jax.gqa_decode`` over the pool (XLA dispatch + the callback, whose XLA
+  buffers take the layout plans), and a jitted trivial op on the same arrays (XLA's dispatch alone).
 
 Medians of ``--rounds`` x ``--calls`` calls (per-call timings for the first-call rows). Prints a
 markdown table (rows: paths, columns: frameworks, microseconds per call) and with ``--json FILE``
@@ -43,6 +45,8 @@ CASES = [
     ("first_layout", "first call of a new layout (new shapes)"),
     ("first_after_clear", "first call after clearing the layout plans (same tensors)"),
     ("launch_prepared", "launch_prepared(p)"),
+    ("jit_call", "jax.jit(gqadrv.jax.gqa_decode), new arrays every call"),
+    ("jit_baseline", "jax.jit(lambda q, kv, lens: q * 1) (XLA dispatch alone)"),
 ]
 
 
@@ -218,6 +222,19 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         p = gqadrv.prepare_gqa_decode(Q=q, KV=kv, O=o, sequence_lengths=lens)
         warm(lambda: gqadrv.launch_prepared(p))
         put("launch_prepared", _median_loop(lambda: gqadrv.launch_prepared(p), a.calls, a.rounds, fw.sync))
+    if fw.name == "jax":
+        import jax
+
+        import gqadrv.jax as gj
+
+        f = jax.jit(gj.gqa_decode)
+        for args in pool:
+            f(*args)
+        put("jit_call", _median_cycle(f, pool, a.calls, a.rounds, fw.sync))
+        g = jax.jit(lambda x, y, z: x * 1)
+        for args in pool:
+            g(*args)
+        put("jit_baseline", _median_cycle(g, pool, a.calls, a.rounds, fw.sync))
     if a.profile and fw.name == a.profile_fw:
         prof = cProfile.Profile()
         prof.enable()

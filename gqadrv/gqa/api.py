@@ -36,7 +36,8 @@ STATUS_NAMES = ((1, "empty"), (2, "clamped"))
 
 # ----------------------------------------------------------------------------- layout plans
 # A convenience call whose four tensors come from one framework the fast readers know (CuPy, torch,
-# JAX: runtime.tensors.fast_kind) is keyed by layout: framework, shape / strides / dtype of each
+# JAX arrays, and XLA FFI buffers with out given, i.e. gqadrv.jax's callbacks under jax.jit:
+# runtime.tensors.fast_kind) is keyed by layout: framework, shape / strides / dtype of each
 # tensor, whether out is given, device, q_scale, sm_scale, backend, the tuning environment and the
 # resolved launch stream. Not by addresses: a later call with the same key and new tensors re-reads
 # only the addresses (each framework's cheap attribute), orders the producers, re-checks what
@@ -61,6 +62,8 @@ def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple |
     tq = type(q)
     if type(kv) is not tq or type(lens) is not tq or (out is not None and (type(out) is not tq or kind == "jax")):
         return None
+    if kind == "xla" and (out is None or not out.writeable):  # XLA buffers: only as a callback's out=
+        return None
     t = type(q_scale)
     if t is not float and t is not int:
         return None
@@ -79,8 +82,11 @@ def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple |
     dev = fq[2]
     if fk[2] != dev or fl[2] != dev or (fo is not None and fo[2] != dev):
         return None
-    cur = current_stream(kind, dev)
-    s = cur if stream is None else resolve_stream(stream, dev, kind)
+    if kind == "xla" and stream is not None:  # the callback's stream; nothing reads CuPy's current one
+        cur = s = resolve_stream(stream, dev, kind)
+    else:
+        cur = current_stream(kind, dev)
+        s = cur if stream is None else resolve_stream(stream, dev, kind)
     key = (kind, fq[0], fk[0], fl[0], None if fo is None else fo[0], dev, q_scale, sm_scale, backend,
            _routes.tuning_env(), s)
     return key, (fq[1], fk[1], fl[1], 0 if fo is None else fo[1]), kind, dev, s, cur

@@ -204,6 +204,9 @@ def order_fast(kind: str, tensors: Iterable[Any], device: int, s: int, current: 
       tensors, when ``s`` is not torch's current stream of the current device.
     * JAX: every array that is not ready yet gets JAX's DLPack handshake (XLA makes ``s`` wait for
       the buffer's definition event).
+    * XLA FFI buffers (kind 'xla', a ``buffer_callback``'s arguments): nothing. XLA defines them on
+      the callback's stream before calling it, and their ``__dlpack__`` ignores ``stream``, so the
+      general path's handshake is a no-op for them as well.
     During graph capture no handshake is made (as in ``order_inputs``)."""
     if kind == "cupy":
         if s != current and not is_capturing(s):
@@ -226,7 +229,7 @@ def order_fast(kind: str, tensors: Iterable[Any], device: int, s: int, current: 
         if pending and not is_capturing(s):
             for x in pending:
                 x.__dlpack__(stream=1 if s == 0 else s)
-    else:
+    elif kind != "xla":
         raise ValueError(f"unknown tensor kind {kind!r}")
 
 

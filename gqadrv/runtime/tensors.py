@@ -262,6 +262,12 @@ def export_like(arr: Any, like: Any) -> Any:
 # * JAX ``ArrayImpl``: ``__cuda_array_interface__`` (defined for single-device GPU buffers in
 #   row-major order only: anything else raises and takes the general path), the device from
 #   ``__dlpack_device__`` cached per sharding object.
+# * XLA FFI ``Buffer`` (the arguments of a ``jax.experimental.buffer_callback``, i.e. gqadrv.jax under
+#   ``jax.jit``): kind 'xla'. Its ``__cuda_array_interface__`` (CUDA buffers only; it raises for other
+#   devices and for element types it does not describe, e.g. fp8) gives the address; buffers are
+#   always row-major (no strides), shape and dtype are attributes; ``writeable`` is False for inputs.
+#   The buffers are defined on the callback's stream (``ExecutionContext.stream``) and their
+#   ``__dlpack__`` ignores the ``stream`` argument, so there is nothing to order (streams.order_fast).
 FAST_READERS: dict[str, Any] = {}
 _FAST_KIND: dict[type, str | None] = {}
 _JAX_DEVICES: dict[Any, int] = {}
@@ -276,11 +282,14 @@ def _classify(t: type) -> str | None:
         return "torch"
     if mod in ("jax", "jaxlib") and name == "ArrayImpl" and hasattr(t, "__cuda_array_interface__"):
         return "jax"
+    if (mod in ("jax", "jaxlib") and name == "Buffer" and hasattr(t, "__cuda_array_interface__")
+            and hasattr(t, "writeable")):
+        return "xla"
     return None
 
 
 def fast_kind(obj: Any) -> str | None:
-    """'cupy', 'torch' or 'jax' for the exact array types the fast readers know, else None."""
+    """'cupy', 'torch', 'jax' or 'xla' for the exact array types the fast readers know, else None."""
     t = type(obj)
     try:
         return _FAST_KIND[t]
@@ -316,4 +325,11 @@ def _read_jax(x: Any) -> tuple | None:
     return (x.shape, x.dtype), cai["data"][0], dev
 
 
-FAST_READERS.update(cupy=_read_cupy, torch=_read_torch, jax=_read_jax)
+def _read_xla(x: Any) -> tuple | None:
+    t, d = x.__dlpack_device__()
+    if int(t) != _KDL_CUDA:
+        return None
+    return (x.shape, x.dtype), x.__cuda_array_interface__["data"][0], int(d)
+
+
+FAST_READERS.update(cupy=_read_cupy, torch=_read_torch, jax=_read_jax, xla=_read_xla)

@@ -226,3 +226,29 @@ def test_jax_new_arrays_every_call():
             assert isinstance(out, jax.Array)
             check(np.asarray(out).astype(np.float64), gqa_decode_reference(q, kv, lens), "float16", "jax new")
     assert len(api._layouts) == 1
+
+
+def test_jax_jit_callbacks_take_the_layout_plan(launches):
+    """gqadrv.jax.gqa_decode under jax.jit: the callback's XLA buffers (kind 'xla', out given, XLA's
+    stream) are served by one layout entry; each execution gets its own result (new buffers and
+    lengths every call, some at addresses seen before)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from gqadrv.gqa import api
+
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has no GPU backend here")
+    import gqadrv.jax as gj
+
+    sets = _sets(4, 2, 32, 8, 1200, 128, seed=11)
+    f = jax.jit(lambda q, kv, lens: gj.gqa_decode(q * 1, kv, lens))
+    api._layouts.clear()
+    for _ in range(2):
+        for q, kv, lens in sets:
+            out = f(jnp.asarray(q), jnp.asarray(kv), jnp.asarray(lens))
+            check(np.asarray(out).astype(np.float64), gqa_decode_reference(q, kv, lens), "float16", "jax jit")
+    keys = list(api._layouts._map._d)
+    assert len(keys) == 1 and keys[0][0] == "xla", keys
+    assert len(launches) == 8

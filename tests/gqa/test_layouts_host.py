@@ -307,3 +307,115 @@ def test_refused_calls_take_the_full_path_and_never_launch(fake_kind, monkeypatc
     with pytest.raises(gqadrv.NoGpuError):
         gqadrv.gqa_decode(q, kv_off, lens, out=out)
     assert plan.launches == [] and e.ptrs == api._call_facts(q, kv, lens, out, 1.0, None, None, None)[1]
+
+
+# ----------------------------------------------------------------------------- XLA FFI buffers (gqadrv.jax)
+class Buffer:
+    """Stands in for ``jax.experimental.buffer_callback.Buffer`` (same module and type name, the
+    attributes the fast reader uses): a row-major device buffer, read-only unless it is an output."""
+
+    def __init__(self, a: np.ndarray, device: int = 0, writeable: bool = False, dl_type: int = 2):
+        self.a, self.device, self._writeable, self.dl_type = a, device, writeable, dl_type
+
+    @property
+    def writeable(self):  # properties, like the nanobind type's
+        return self._writeable
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.dl_type != 2:
+            raise RuntimeError("Buffer.__cuda_array_interface__ is only supported on CUDA.")
+        return {"shape": self.shape, "typestr": self.a.dtype.str, "data": (self.a.__array_interface__["data"][0],
+                                                                           not self.writeable), "version": 2}
+
+    def __dlpack_device__(self):
+        return (self.dl_type, self.device)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):  # stream ignored, as XLA's
+        return self.a.__dlpack__()
+
+
+Buffer.__module__ = "jax.experimental.buffer_callback"
+
+
+def _xla_set(C=100, device=0):
+    return (Buffer(_aligned((2, 16, 128)), device), Buffer(_aligned((2, 2, 4, C, 128)), device),
+            Buffer(_aligned((2,), np.int32), device), Buffer(_aligned((2, 16, 128)), device, writeable=True))
+
+
+@pytest.fixture
+def xla_kind(monkeypatch):
+    """The real 'xla' reader; CuPy's current stream must not be consulted when a stream is given."""
+    def no_current(kind, dev):
+        raise AssertionError(f"current_stream({kind!r}) read for a call with an explicit stream")
+
+    monkeypatch.setattr(api, "current_stream", no_current)
+    monkeypatch.setattr(_drv, "multi_device", lambda: False)
+    monkeypatch.delitem(_tensors._FAST_KIND, Buffer, raising=False)
+    for k in api._routes.TUNING_ENV:
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_xla_buffers_are_read_by_their_own_reader(xla_kind):
+    q, kv, lens, out = _xla_set()
+    assert _tensors.fast_kind(q) == "xla"
+    f = api._call_facts(q, kv, lens, out, 1.0, None, 777, None)
+    assert f is not None and f[2] == "xla" and f[4] == f[5] == 777
+    assert f[1] == tuple(x.a.__array_interface__["data"][0] for x in (q, kv, lens, out))
+    q2, kv2, lens2, out2 = _xla_set()
+    f2 = api._call_facts(q2, kv2, lens2, out2, 1.0, None, 777, None)
+    assert f2[0] == f[0] and f2[1] != f[1]  # keyed by layout, not by address
+    assert api._call_facts(*_xla_set(C=101), 1.0, None, 777, None)[0] != f[0]
+    assert api._call_facts(q, kv, lens, out, 1.0, None, 778, None)[0] != f[0]
+
+
+def test_xla_buffers_the_layout_cache_does_not_serve(xla_kind):
+    q, kv, lens, out = _xla_set()
+    assert api._call_facts(q, kv, lens, None, 1.0, None, 777, None) is None  # no out: not a callback's call
+    ro = Buffer(out.a, writeable=False)
+    assert api._call_facts(q, kv, lens, ro, 1.0, None, 777, None) is None   # an input buffer as out
+    cpu = [Buffer(x.a, writeable=x.writeable, dl_type=1) for x in (q, kv, lens, out)]
+    assert api._call_facts(*cpu, 1.0, None, 777, None) is None               # XLA's CPU backend
+    assert api._call_facts(q, kv, lens, FakeCudaArray(out.a), 1.0, None, 777, None) is None  # mixed types
+    assert api._call_facts(q, _xla_set(device=1)[1], lens, out, 1.0, None, 777, None) is None
+
+
+def test_xla_ordering_is_a_no_op():
+    from gqadrv.runtime import streams
+
+    streams.order_fast("xla", _xla_set(), 0, 777, 777)  # no handshake, no CuPy, no driver call
+    with pytest.raises(ValueError, match="unknown tensor kind"):
+        streams.order_fast("nope", (), 0, 777, 777)
+
+
+def test_repeated_callback_calls_launch_the_remembered_plan(xla_kind, monkeypatch):
+    """gqadrv.jax's callback under jax.jit: every execution brings new Buffer objects (often at new
+    addresses) and the stream; the remembered plan is launched with the addresses patched."""
+    import gqadrv
+
+    q, kv, lens, out = _xla_set()
+    facts = api._call_facts(q, kv, lens, out, 1.0, None, 777, None)
+    e, plan, _ = _entry(enc_plain, monkeypatch)
+    e.ptrs, e.device, e.stream = facts[1], facts[3], facts[4]
+    spec = tm.TmaSpec(**{**SPEC.__dict__, "address": facts[1][1]})
+    e.tmaps = (layouts.TmapSlot(0, "kv_map", 1, spec, enc_plain(spec)),)
+    e.spans = tuple((0, x.a.nbytes) for x in (q, kv, lens, out))
+    monkeypatch.setattr(api, "_layouts", layouts.LayoutCache(8))
+    api._layouts.remember(facts[0], e)
+    assert gqadrv.gqa_decode(q, kv, lens, out=out, stream=777) is out
+    q2, kv2, lens2, out2 = _xla_set()
+    assert gqadrv.gqa_decode(q2, kv2, lens2, out=out2, stream=777) is out2
+    assert len(plan.launches) == 2
+    assert _fields(plan.args) == tuple(x.a.__array_interface__["data"][0] for x in (q2, kv2, lens2, out2))
+    # the output aliasing an input is refused and goes to the full path (NoGpuError here), unlaunched
+    with pytest.raises(gqadrv.NoGpuError):
+        gqadrv.gqa_decode(q2, kv2, lens2, out=Buffer(q2.a, writeable=True), stream=777)
+    assert len(plan.launches) == 2
