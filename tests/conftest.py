@@ -25,6 +25,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts LaunchPlan launches (wrapping the real one): the kernel of each, in order."""
+    from gqadrv.runtime.module import LaunchPlan
+
+    calls = []
+    orig = LaunchPlan.launch
+
+    def counted(self, stream=None):
+        calls.append(self.kernel.name)
+        return orig(self, stream)
+
+    monkeypatch.setattr(LaunchPlan, "launch", counted)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def isolated_cache(tmp_path_factory):
     from gqadrv.runtime.cache import CubinCache

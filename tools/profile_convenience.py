@@ -11,6 +11,9 @@ on the GPU), B1 Hq32 Hkv8 D128 C1024 fp16 unless told otherwise:
 * ``launch_prepared(p)`` (CuPy and torch; JAX outputs cannot be written in place);
 * JAX only: a jitted ``gqadrv.jax.gqa_decode`` over the pool (XLA dispatch + the callback, whose XLA
   buffers take the layout plans), and a jitted trivial op on the same arrays (XLA's dispatch alone).
+* MLA dense decode (``flash_mla_with_kvcache``, b ``--batch``, s_q 1, h_q ``--mla-heads``, page 64,
+  ``--mla-len`` tokens): new pointers with out / lse allocated and given, the first call after
+  forgetting the MLA layout plans, and for JAX the jitted ``gqadrv.jax.flash_mla_with_kvcache``.
 
 Medians of ``--rounds`` x ``--calls`` calls (per-call timings for the first-call rows). Prints a
 markdown table (rows: paths, columns: frameworks, microseconds per call) and with ``--json FILE``
@@ -47,6 +50,10 @@ CASES = [
     ("launch_prepared", "launch_prepared(p)"),
     ("jit_call", "jax.jit(gqadrv.jax.gqa_decode), new arrays every call"),
     ("jit_baseline", "jax.jit(lambda q, kv, lens: q * 1) (XLA dispatch alone)"),
+    ("mla_newptr_alloc", "MLA flash_mla_with_kvcache, same layout, new pointers, out / lse allocated"),
+    ("mla_newptr_out", "MLA flash_mla_with_kvcache, same layout, new pointers, out / lse given"),
+    ("mla_first_after_clear", "MLA first call after clearing the layout plans (same tensors)"),
+    ("mla_jit_call", "MLA jax.jit(gqadrv.jax.flash_mla_with_kvcache), new arrays every call"),
 ]
 
 
@@ -75,6 +82,10 @@ class CupyFw(Fw):
         self.cp = cp
 
     def zeros(self, shape, dtype="float16"):
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            return self.cp.zeros(shape, ml_dtypes.bfloat16)
         return self.cp.zeros(shape, dtype)
 
     def lens(self, B, C):
@@ -235,6 +246,7 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         for args in pool:
             g(*args)
         put("jit_baseline", _median_cycle(g, pool, a.calls, a.rounds, fw.sync))
+    measure_mla(fw, a, gqadrv, put)
     if a.profile and fw.name == a.profile_fw:
         prof = cProfile.Profile()
         prof.enable()
@@ -245,6 +257,43 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         print(f"cProfile of 2000 same-layout / new-pointer calls ({fw.name}):")
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     return res
+
+
+def measure_mla(fw: Fw, a, gqadrv, put) -> None:
+    """The MLA rows (see the module docstring); bf16 tensors of zeros, lengths = the capacity."""
+    B, H, L, page = a.batch, a.mla_heads, a.mla_len, 64
+    nblk = -(-L // page)
+    dec = gqadrv.flash_mla_with_kvcache
+
+    def tset():  # every table entry is page 0 (the data are zeros: only the host path is timed)
+        return (fw.zeros((B, 1, H, 576), "bfloat16"), fw.zeros((B * nblk, page, 1, 576), "bfloat16"),
+                fw.lens(B * nblk, 0).reshape(B, nblk), fw.lens(B, L))
+
+    pool = [tset() for _ in range(a.pool)]
+    for args in pool:
+        dec(*args, 512)
+    if fw.name == "jax":
+        import jax
+
+        import gqadrv.jax as gj
+
+        f = jax.jit(lambda q, k, bt, sl: gj.flash_mla_with_kvcache(q, k, bt, sl, 512))
+        for args in pool:
+            f(*args)
+        put("mla_jit_call", _median_cycle(f, pool, a.calls, a.rounds, fw.sync))
+    else:
+        put("mla_newptr_alloc", _median_cycle(lambda *t: dec(*t, 512), pool, a.calls, a.rounds, fw.sync))
+        outs = [(*t, fw.zeros((B, 1, H, 512), "bfloat16"), fw.zeros((B, H, 1), "float32")) for t in pool]
+        for t in outs:
+            dec(*t[:4], 512, out=t[4], lse=t[5])
+        put("mla_newptr_out", _median_cycle(lambda q, k, bt, sl, o, lo: dec(q, k, bt, sl, 512, out=o, lse=lo), outs,
+                                            a.calls, a.rounds, fw.sync))
+    try:
+        from gqadrv.mla import layout_plans
+    except ImportError:  # an older gqadrv: no MLA layout plans
+        return
+    put("mla_first_after_clear", _median_each([lambda: dec(*pool[0], 512)] * a.layouts, fw.sync,
+                                              before=layout_plans.layouts.clear))
 
 
 def table(results: dict) -> str:
@@ -280,6 +329,8 @@ def main() -> int:
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--capacity", type=int, default=1024)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--mla-heads", type=int, default=16, help="h_q of the MLA rows (h_kv 1)")
+    ap.add_argument("--mla-len", type=int, default=1024, help="tokens per request of the MLA rows (page 64)")
     ap.add_argument("--profile", action="store_true", help="cProfile 2000 new-pointer calls (top 25 by own time)")
     ap.add_argument("--profile-fw", default="cupy", help="framework profiled by --profile")
     a = ap.parse_args()

@@ -12,17 +12,15 @@ Seed-compatible aliases (``sm110_*``) are in ``gqa.compat``.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_streams, handed_back, new_output
 from ..ops.prepared import PreparedDecode, prepare_streams
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.streams import (current_stream, device_hint, on_stream, order_fast, order_inputs,
-                               resolve_stream)
+from ..runtime.streams import device_hint, on_stream, order_fast, order_inputs, resolve_stream
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
 from . import plan as _plan
@@ -82,40 +80,10 @@ def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple |
     dev = fq[2]
     if fk[2] != dev or fl[2] != dev or (fo is not None and fo[2] != dev):
         return None
-    if kind == "xla" and stream is not None:  # the callback's stream; nothing reads CuPy's current one
-        cur = s = resolve_stream(stream, dev, kind)
-    else:
-        cur = current_stream(kind, dev)
-        s = cur if stream is None else resolve_stream(stream, dev, kind)
+    s, cur = call_streams(kind, dev, stream)
     key = (kind, fq[0], fk[0], fl[0], None if fo is None else fo[0], dev, q_scale, sm_scale, backend,
            _routes.tuning_env(), s)
     return key, (fq[1], fk[1], fl[1], 0 if fo is None else fo[1]), kind, dev, s, cur
-
-
-def _new_output(kind: str | None, q, shape: tuple, np_dtype, dev: int, s: int, cur: int):
-    """(array handed back, its address, CuPy array to export or None): a new output on ``dev``,
-    stream-ordered on ``s``. torch inputs on torch's current stream get a torch tensor directly
-    (``q.new_empty``: torch's allocator, on q's device and that stream); otherwise CuPy allocates
-    (handed back in q's framework by ``export_like``)."""
-    if kind == "torch" and s == cur:
-        o = q.new_empty(q.shape)
-        return o, o.data_ptr(), None
-    cp = sys.modules.get("cupy")
-    if cp is None:
-        import cupy as cp
-    if kind == "cupy" and s == cur and cp.cuda.runtime.getDevice() == dev:
-        a = cp.empty(shape, np_dtype)
-    else:
-        with cp.cuda.Device(dev), on_stream(s, dev):
-            a = cp.empty(shape, np_dtype)
-    return a, a.data.ptr, a
-
-
-def _handed_back(kind: str | None, q, o, arr, s: int, dev: int):
-    if arr is None or kind == "cupy":
-        return o
-    with on_stream(s, dev):
-        return _tensors.export_like(arr, q)
 
 
 def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
@@ -123,7 +91,7 @@ def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     o = arr = None
     if out is None:
-        o, optr, arr = _new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
+        o, optr, arr = new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
         ptrs = ptrs[:3] + (optr,)
     with e.lock:
         if not e.bind(ptrs):
@@ -131,7 +99,7 @@ def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
         e.launch()
     if out is not None:
         return out
-    return _handed_back(kind, q, o, arr, s, dev)
+    return handed_back(kind, q, o, arr, s, dev)
 
 
 def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) -> None:
@@ -244,8 +212,8 @@ def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, b
     o = arr = None
     if out is None:
         if facts is not None and facts[3] == problem.device and facts[4] == s:
-            o, out_ptr, arr = _new_output(kind, q, problem.q.shape, _tensors._np_dtype(problem.dtype), problem.device,
-                                          s, facts[5])
+            o, out_ptr, arr = new_output(kind, q, problem.q.shape, _tensors._np_dtype(problem.dtype), problem.device,
+                                         s, facts[5])
         else:
             kind = None
             with on_stream(s, problem.device):
@@ -275,7 +243,7 @@ def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, b
     if kind is None:
         with on_stream(s, problem.device):
             return _tensors.export_like(arr, q)
-    return _handed_back(kind, q, o, arr, s, problem.device)
+    return handed_back(kind, q, o, arr, s, problem.device)
 
 
 # ----------------------------------------------------------------------------- prepared API

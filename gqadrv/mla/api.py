@@ -21,7 +21,7 @@ from ..ops.plans import launch_packed
 from ..ops.prepared import PreparedDecode
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.module import ArgPack, LaunchPlan, launch_plans
 from ..runtime.streams import (
     device_hint,
     is_capturing,
@@ -32,6 +32,7 @@ from ..runtime.streams import (
 from ..types import ArrayT, DLPackArray, LseT, MlaBackend, OutT, StreamLike
 from . import contract as _contract
 from . import kernel_spec as _ks
+from . import layout_plans as _lp
 from . import plan as _plan
 from . import sparse as _sparse
 from . import trace_checks as _trace
@@ -305,16 +306,37 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     if indices is not None:
         return _sparse_call(q, k_cache, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale, causal,
                             is_fp8_kvcache, sparse, out, lse, stream, backend)
+    meta = tile_scheduler_metadata
+    facts = None
+    if all(v is None for v in sparse.values()):
+        facts = _lp.call_facts(q, k_cache, block_table, cache_seqlens, out, lse, head_dim_v, softmax_scale, causal,
+                               is_fp8_kvcache, num_splits, meta, stream, backend)
+        if facts is not None:
+            e = _lp.layouts.get(facts[0])
+            if e is not None:
+                r = _lp.launch_layout(e, facts, meta, q, k_cache, block_table, cache_seqlens, out, lse)
+                if r is not _lp.MISS:
+                    return r
     _check_dense_call("flash_mla_with_kvcache", block_table, cache_seqlens, sparse)
     problem, s, dl = _ingest(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, out, lse,
                              stream, "flash_mla_with_kvcache", capture_ok=True, is_fp8_kvcache=is_fp8_kvcache)
     variant, loaded = _plan.route(problem, backend)
-    splits = _splits(problem, variant, num_splits, tile_scheduler_metadata)
-    new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
+    splits = _splits(problem, variant, num_splits, meta)
+    ov, lv = _contract.validate_outputs(problem, out, lse, stream=dl)
+    new_out, new_lse, o_ptr, l_ptr, o_strides = _allocate_outputs(ov, lv, problem.b, problem.s_q, problem.h_q,
+                                                                  problem.dtype, problem.device, s)
     ws = _workspace.pooled(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
-    grid, block, smem, values = _plan.launch_parts(problem, variant, out_strides=o_strides, out_ptr=o_ptr,
-                                                   lse_ptr=l_ptr, ws=ws, splits=splits)
-    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, problem.device)
+    if facts is None:
+        grid, block, smem, values = _plan.launch_parts(problem, variant, out_strides=o_strides, out_ptr=o_ptr,
+                                                       lse_ptr=l_ptr, ws=ws, splits=splits)
+        launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, problem.device)
+    else:  # a plan of its own, kept under the layout key
+        plan = _plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr,
+                                  ws=ws, splits=splits, stream=s)
+        launch_plans((plan,), problem.device)
+        views = (problem.q, problem.k_cache, problem.block_table, problem.seqlens, ov, lv)
+        ptrs = (problem.q.ptr, problem.k_cache.ptr, problem.block_table.ptr, problem.seqlens.ptr, o_ptr, l_ptr)
+        _lp.remember(facts, problem, variant, plan, ws, views, ptrs, _dense_config(problem), splits)
     o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return o, lo
 

@@ -18,7 +18,7 @@ from . import routes as _routes
 from .contract import MlaProblem
 
 __all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "k_tensor_maps",
-           "launch_parts", "param_values", "route", "tma_ok", "workspace_sizes"]
+           "k_tensor_specs", "launch_parts", "param_values", "route", "tma_ok", "workspace_sizes"]
 
 WORKSPACE_ZERO = ("counters",)
 _routes_cache = BoundedMap(256)
@@ -45,6 +45,14 @@ def tma_ok(problem: MlaProblem) -> bool:
     return _ks.tma_eligible(problem.page_size, k.ptr, tuple(k.strides[:3]), problem.num_blocks)
 
 
+def k_tensor_specs(problem: MlaProblem, boxes: tuple = (4, 5)) -> tuple[TmaSpec, ...]:
+    """The tensor-map specs of k_cache for a TMA family, one per entry of its ``tma_boxes``."""
+    k = problem.k_cache
+    maps = _ks.k_tensor_maps(problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides[:3]), boxes)
+    return tuple(TmaSpec(dtype=problem.dtype, address=k.ptr, dims=g["dims"], strides=g["strides"], box=g["box"],
+                         swizzle="128b") for g in maps)
+
+
 def k_tensor_maps(problem: MlaProblem, boxes: tuple = (4, 5)) -> tuple[bytes, ...]:
     """The 128-byte CUtensorMaps of k_cache for a TMA family (one per entry of its ``tma_boxes``),
     encoded once per (address, geometry, boxes)."""
@@ -53,10 +61,7 @@ def k_tensor_maps(problem: MlaProblem, boxes: tuple = (4, 5)) -> tuple[bytes, ..
            boxes)
     hit = _tmaps.get(key)
     if hit is None:
-        maps = _ks.k_tensor_maps(problem.page_size, problem.h_kv, problem.num_blocks, tuple(k.strides[:3]), boxes)
-        hit = _tmaps.put(key, tuple(encode_tiled(TmaSpec(dtype=problem.dtype, address=k.ptr, dims=g["dims"],
-                                                         strides=g["strides"], box=g["box"], swizzle="128b"))
-                                    for g in maps))
+        hit = _tmaps.put(key, tuple(encode_tiled(spec) for spec in k_tensor_specs(problem, boxes)))
     return hit
 
 

@@ -9,7 +9,7 @@ address of the same layout except what depends on the address itself, and that i
 at every call whose addresses differ from the entry's last ones:
 
 * alignment (``aligns``: 16 bytes for TMA / vector loads, 4 for the lengths);
-* aliasing: the output's byte span must not overlap any input's;
+* aliasing: an output's byte span must not overlap any other tensor's (inputs and the other outputs);
 * tensor maps are re-based to the new address (``runtime.tensormap.rebase``: the address field is
   patched when its place in the descriptor is known and verified, else the map is encoded again).
 
@@ -21,14 +21,17 @@ interleave their arguments.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 from ..runtime import tensormap as _tm
+from ..runtime import tensors as _tensors
 from ..runtime.module import LaunchPlan, launch_plans
+from ..runtime.streams import current_stream, on_stream, relaxed_capture_mode, resolve_stream
 from .bounded import BoundedMap
 
-__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot"]
+__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot", "call_streams", "handed_back", "new_output"]
 
 _encoded = BoundedMap(256)   # (spec, address) -> 128 bytes, for maps whose address field is not patchable
 
@@ -59,18 +62,21 @@ class LayoutEntry:
 
     ``fields[i]``: (plan index, struct field) pairs that hold tensor i's address; ``aligns[i]``: its
     required alignment; ``spans[i]``: (lo, hi) byte offsets of its extent relative to its address;
-    ``out_slot``: the output's index (its span must not overlap the others); ``tmaps``: tensor maps
-    to re-base when their tensor moves; ``ptrs``: the addresses of the last launch."""
+    ``out_slot``: the output's index, or a tuple of the outputs' indices (an output's span must not
+    overlap any other tensor's); ``tmaps``: tensor maps to re-base when their tensor moves; ``ptrs``:
+    the addresses of the last launch; ``info``: whatever else the op keeps with the layout."""
 
     __slots__ = (
         "aligns",
         "device",
         "fields",
+        "info",
         "keep",
         "lock",
         "out_dtype",
         "out_shape",
         "out_slot",
+        "out_slots",
         "plans",
         "ptrs",
         "spans",
@@ -79,15 +85,16 @@ class LayoutEntry:
     )
 
     def __init__(self, plans: tuple[LaunchPlan, ...], fields: tuple, aligns: tuple[int, ...],
-                 spans: tuple[tuple[int, int], ...], out_slot: int | None, tmaps: tuple[TmapSlot, ...],
-                 ptrs: tuple[int, ...], device: int, stream: int, keep: tuple = (), out_shape: tuple = (),
-                 out_dtype: Any = None):
+                 spans: tuple[tuple[int, int], ...], out_slot: int | tuple[int, ...] | None,
+                 tmaps: tuple[TmapSlot, ...], ptrs: tuple[int, ...], device: int, stream: int, keep: tuple = (),
+                 out_shape: tuple = (), out_dtype: Any = None, info: Any = None):
         if not (len(fields) == len(aligns) == len(spans) == len(ptrs)):
             raise ValueError("fields, aligns, spans and ptrs must describe the same tensors")
         self.plans, self.fields, self.aligns, self.spans = tuple(plans), tuple(fields), tuple(aligns), tuple(spans)
         self.out_slot, self.tmaps, self.ptrs = out_slot, tuple(tmaps), tuple(ptrs)
+        self.out_slots = () if out_slot is None else (out_slot,) if isinstance(out_slot, int) else tuple(out_slot)
         self.device, self.stream, self.keep = device, stream, keep
-        self.out_shape, self.out_dtype = tuple(out_shape), out_dtype
+        self.out_shape, self.out_dtype, self.info = tuple(out_shape), out_dtype, info
         self.lock = threading.Lock()
 
     def check(self, ptrs: tuple[int, ...]) -> bool:
@@ -95,9 +102,8 @@ class LayoutEntry:
         for p, a in zip(ptrs, self.aligns):
             if p % a:
                 return False
-        o = self.out_slot
-        if o is not None:
-            spans = self.spans
+        spans = self.spans
+        for o in self.out_slots:
             po = ptrs[o]
             lo, hi = po + spans[o][0], po + spans[o][1]
             for i, p in enumerate(ptrs):
@@ -147,3 +153,47 @@ class LayoutCache:
 
     def clear(self) -> None:
         self._map.clear()
+
+
+# ----------------------------------------------------------------------------- streams and outputs of a layout call
+def call_streams(kind: str, dev: int, stream: Any) -> tuple[int, int]:
+    """(launch stream, the framework's current stream) of a layout call whose tensors are of fast
+    reader ``kind`` on ``dev``: ``stream`` resolved, or the current stream when it is None (torch's
+    for torch tensors, CuPy's otherwise). XLA buffers come with their callback's stream: CuPy's
+    current stream is not read for them (the second value is then the launch stream too)."""
+    if kind == "xla" and stream is not None:
+        s = resolve_stream(stream, dev, kind)
+        return s, s
+    cur = current_stream(kind, dev)
+    return (cur if stream is None else resolve_stream(stream, dev, kind)), cur
+
+
+def new_output(kind: str | None, q: Any, shape: tuple, np_dtype: Any, dev: int, s: int, cur: int,
+               float32: bool = False) -> tuple:
+    """(array handed back, its address, CuPy array to export or None): a new output on ``dev``,
+    stream-ordered on ``s``. torch inputs on torch's current stream get a torch tensor directly
+    (``q.new_empty``: torch's allocator, on q's device and that stream; ``float32``: of dtype
+    float32 instead of q's); otherwise CuPy allocates (handed back in q's framework by
+    ``handed_back``)."""
+    if kind == "torch" and s == cur:
+        o = q.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else q.new_empty(shape)
+        return o, o.data_ptr(), None
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        import cupy as cp
+    with relaxed_capture_mode():  # CuPy's pool may have to grow while s is being captured
+        if kind == "cupy" and s == cur and cp.cuda.runtime.getDevice() == dev:
+            a = cp.empty(shape, np_dtype)
+        else:
+            with cp.cuda.Device(dev), on_stream(s, dev):
+                a = cp.empty(shape, np_dtype)
+    return a, a.data.ptr, a
+
+
+def handed_back(kind: str | None, q: Any, o: Any, arr: Any, s: int, dev: int) -> Any:
+    """What a layout call returns for a new output from ``new_output``: ``o`` itself, or the CuPy
+    array exported to q's framework (stream-ordered on ``s``)."""
+    if arr is None or kind == "cupy":
+        return o
+    with on_stream(s, dev):
+        return _tensors.export_like(arr, q)

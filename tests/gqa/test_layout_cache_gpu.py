@@ -29,22 +29,6 @@ def _sets(n, B, Hq, Hkv, C, D, seed, dtype=np.float16):
     return out
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """Counts LaunchPlan launches (wrapping the real one)."""
-    from gqadrv.runtime.module import LaunchPlan
-
-    calls = []
-    orig = LaunchPlan.launch
-
-    def counted(self, stream=None):
-        calls.append(self.kernel.name)
-        return orig(self, stream)
-
-    monkeypatch.setattr(LaunchPlan, "launch", counted)
-    return calls
-
-
 # (B, Hq, Hkv, C, D, backend): short route, TMA unsplit / split, portable split
 SHAPES = [(2, 32, 8, 64, 128, None), (4, 16, 4, 700, 128, None), (1, 32, 8, 4096, 128, None),
           (1, 16, 2, 3000, 64, None), (1, 32, 8, 2048, 256, None), (1, 32, 8, 4096, 128, "portable")]

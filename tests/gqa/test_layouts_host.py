@@ -17,7 +17,7 @@ from gqadrv.runtime import driver as _drv
 from gqadrv.runtime import tensormap as tm
 from gqadrv.runtime import tensors as _tensors
 from gqadrv.runtime.module import ArgPack
-from tests.fakes import FakeCudaArray
+from tests.fakes import FakeCudaArray, register_fast_kind
 
 
 # ----------------------------------------------------------------------------- fake encoders
@@ -187,18 +187,10 @@ class FakeT(FakeCudaArray):
     """A fake framework array the fast readers know (registered by the fixture)."""
 
 
-def _read_fake(x):
-    a = x.a
-    return (a.shape, a.strides, a.dtype), a.__array_interface__["data"][0], x.device
-
-
 @pytest.fixture
 def fake_kind(monkeypatch):
-    monkeypatch.setitem(_tensors._FAST_KIND, FakeT, "fakefw")
-    monkeypatch.setitem(_tensors.FAST_READERS, "fakefw", _read_fake)
-    monkeypatch.setattr(api, "current_stream", lambda kind, dev: 1000 + dev)
+    register_fast_kind(monkeypatch, FakeT)
     monkeypatch.setattr(api, "order_fast", lambda *a: None)
-    monkeypatch.setattr(_drv, "multi_device", lambda: False)
     for k in api._routes.TUNING_ENV:
         monkeypatch.delenv(k, raising=False)
 
@@ -357,7 +349,7 @@ def xla_kind(monkeypatch):
     def no_current(kind, dev):
         raise AssertionError(f"current_stream({kind!r}) read for a call with an explicit stream")
 
-    monkeypatch.setattr(api, "current_stream", no_current)
+    monkeypatch.setattr(layouts, "current_stream", no_current)
     monkeypatch.setattr(_drv, "multi_device", lambda: False)
     monkeypatch.delitem(_tensors._FAST_KIND, Buffer, raising=False)
     for k in api._routes.TUNING_ENV:
