@@ -17,6 +17,8 @@
 # of GPU memory at B16; first run 2026-12-01); mla_fp8_bench (`bench --op mla_fp8`: MLA decode on the
 # 656-byte FP8 cache against our bf16 cache); mla_fp8_ncu (Nsight Compute on the FP8 and the bf16 MLA
 # kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py);
+# layouts (the GPU tests of the layout-keyed convenience plans and of the files whose repeated calls
+# take them); host (tools/profile_convenience.py: host cost per framework, GQA and MLA, jax.jit);
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
 # schedule in the same rows); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
@@ -55,6 +57,14 @@ for step in $STEPS; do
                  --mla-also ${name}_snap16 ${name}_snap32 ${name}_cut32 --mla-rows $rows \
                  --json "$OUT/mla_sched_$name.json" > "$OUT/mla_sched_$name.txt" 2>&1
              done ;;
+  layouts) # the layout-keyed convenience plans (GQA, MLA, jax.jit's XLA buffers) and the files whose second
+           # calls take them (the MLA grid, torch / JAX integrations)
+           python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider -rf tests/gqa/test_layout_cache_gpu.py \
+             tests/mla/test_mla_layout_cache_gpu.py tests/mla/test_mla_gpu.py tests/integrations/test_jax_gpu.py \
+             tests/integrations/test_torch_gpu.py > "$OUT/layouts.log" 2>&1
+           { grep -E "^(FAILED|ERROR)" "$OUT/layouts.log" | head -40; tail -3 "$OUT/layouts.log"; } > "$OUT/layouts.txt"
+           rm -f "$OUT/layouts.log" ;;
+  host) python3 tools/profile_convenience.py --json "$OUT/host.json" > "$OUT/host.txt" 2>&1 ;;
   mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
   mla_sanitize) for t in memcheck racecheck; do
                   compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \

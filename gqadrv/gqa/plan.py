@@ -37,8 +37,9 @@ def route(problem: GqaProblem, backend: str | None) -> tuple[_routes.Variant, Lo
     info = _drv.device_info(problem.device)
     ctas = problem.batch * problem.num_kv_heads
     large = _routes.prefers_portable(info.cc, problem.head_dim, ctas, info.sm_count)
-    key = (problem.device, problem.capacity, problem.head_dim, problem.dtype, problem.group, backend, large,
-           _routes.tuning_env())
+    # the route depends on the capacity only through the short-route threshold (select_variant)
+    key = (problem.device, problem.capacity <= _routes.SHORT_CAPACITY_MAX, problem.head_dim, problem.dtype,
+           problem.group, backend, large, _routes.tuning_env())
     hit = _routes_cache.get(key)
     if hit is None:
         variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group,

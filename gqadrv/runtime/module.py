@@ -159,11 +159,15 @@ class ArgPack:
             ctypes.memmove(addr, data, kind.size)
         elif kind.name.startswith("struct"):
             if isinstance(value, dict):  # NamedStruct given by field name
-                missing = [n for n, _, _ in kind.fields if n not in value]
-                extra = set(value) - {n for n, _, _ in kind.fields}
-                if missing or extra:
+                try:
+                    ordered = [value[n] for n, _, _ in kind.fields]
+                except KeyError:
+                    ordered = None
+                if ordered is None or len(value) != len(kind.fields):
+                    missing = [n for n, _, _ in kind.fields if n not in value]
+                    extra = set(value) - {n for n, _, _ in kind.fields}
                     raise ValueError(f"argument {name!r} ({kind.name}): missing fields {missing}, unknown {sorted(extra)}")
-                value = [value[n] for n, _, _ in kind.fields]
+                value = ordered
             ctypes.memmove(addr, struct.pack(kind.fmt, *value), kind.size)
         else:
             ctypes.memmove(addr, struct.pack(kind.fmt, value), kind.size)

@@ -53,7 +53,7 @@ def _dtype_name(dt: Any) -> str:
 class TensorView:
     """What gqadrv needs to know about a device tensor (pointer, shape, element strides, dtype)."""
 
-    __slots__ = ("obj", "name", "ptr", "shape", "strides", "dtype", "itemsize", "device", "framework")
+    __slots__ = ("obj", "name", "ptr", "shape", "strides", "dtype", "itemsize", "device", "framework", "_range")
 
     def __init__(self, obj, name, ptr, shape, strides, dtype, itemsize, device, framework):
         self.obj, self.name, self.ptr, self.shape, self.strides = obj, name, ptr, shape, strides
@@ -87,17 +87,25 @@ class TensorView:
         return True
 
     def byte_range(self) -> tuple[int, int]:
-        """[lo, hi) of the bytes this view can touch (empty range for zero-size views)."""
-        if self.size == 0:
-            return self.ptr, self.ptr
+        """[lo, hi) of the bytes this view can touch (empty range for zero-size views); computed once
+        per view (the fields are not changed after construction)."""
+        try:
+            return self._range
+        except AttributeError:
+            pass
         lo = hi = 0
-        for d, s in zip(self.shape, self.strides):
-            span = (d - 1) * s * self.itemsize
+        for d, st in zip(self.shape, self.strides):
+            if d == 0:
+                r = self._range = (self.ptr, self.ptr)
+                return r
+            span = (d - 1) * st
             if span < 0:
                 lo += span
             else:
                 hi += span
-        return self.ptr + lo, self.ptr + hi + self.itemsize
+        it = self.itemsize
+        r = self._range = (self.ptr + lo * it, self.ptr + hi * it + it)
+        return r
 
 
 def overlaps(a: TensorView, b: TensorView) -> bool:

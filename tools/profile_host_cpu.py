@@ -1,0 +1,192 @@
+"""Host cost of the convenience calls' Python paths on a machine without a GPU.
+
+The full path of a convenience call (first call of a layout: ingestion, validation, routing, split
+count, argument packing, tensor map, the layout entry) and the layout-plan path of repeated calls are
+run on fake device arrays (tests/fakes.py: numpy buffers that say they live on a CUDA device), read the
+way CuPy arrays are read (attributes, no DLPack capsule), with every GPU-facing step stubbed: the
+driver (init, device facts, launch configuration, cuLaunchKernelEx), module loading, tensor-map
+encoding (a fixed 128-byte pattern holding the address), workspace allocation and stream queries.
+What is left is the Python work that dominates these paths on the GPU host too, so relative changes
+measured here carry over; absolute numbers do not (a different CPU, and the stubbed driver calls cost
+a few microseconds each there). `tools/profile_convenience.py` measures the real thing on a GPU.
+
+    python tools/profile_host_cpu.py [--op gqa|mla] [--calls 200] [--profile]
+
+Prints the median µs per call of: the first call of each of ``--calls`` new layouts (distinct
+capacities for GQA, distinct batch sizes for MLA), and the same calls again (layout plans, new
+addresses each call); ``--profile`` adds a cProfile of the first-call loop (top 25 by own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.fakes import FakeCudaArray, register_fast_kind  # noqa: E402
+
+
+class FakeT(FakeCudaArray):
+    """A fake device array of the fast readers' registered kind."""
+
+
+def _aligned(shape, dtype=np.float16):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 256, np.uint8)
+    off = (-raw.__array_interface__["data"][0]) % 256
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
+def stub_gpu(mp: pytest.MonkeyPatch) -> None:
+    """Replace every GPU-facing step the convenience paths take (see the module docstring)."""
+    from gqadrv.gqa import api as gqa_api
+    from gqadrv.gqa import contract as gqa_contract
+    from gqadrv.mla import api as mla_api
+    from gqadrv.mla import contract as mla_contract
+    from gqadrv.mla import layout_plans as mla_lp
+    from gqadrv.ops import kernels, workspace
+    from gqadrv.runtime import driver, module, streams, tensormap, tensors
+
+    register_fast_kind(mp, FakeT)
+    for mod in (gqa_api, mla_lp):
+        mp.setattr(mod, "order_fast", lambda *a: None)
+    mp.setattr(driver, "ensure_init", lambda: None)
+    info = types.SimpleNamespace(cc=(9, 0), sm_count=132, name="H200 (stub)", l2_bytes=60 << 20)
+    mp.setattr(driver, "device_info", lambda d: info)
+
+    class Kernel:
+        name, function = "stub", 1
+
+        def ensure_dynamic_smem(self, n):
+            pass
+
+    loaded = types.SimpleNamespace(kernel=Kernel(), ctas_per_sm=1, arch="sm_90a")
+    mp.setattr(kernels, "load", lambda variant, device: loaded)
+    mp.setattr(tensormap, "_encode", lambda spec: bytes(16) + spec.address.to_bytes(8, "little") + bytes(104))
+    mp.setattr(tensormap, "_offset_state", [])
+    mp.setattr(streams, "is_capturing", lambda s: False)
+    for mod in (gqa_api, mla_api):
+        mp.setattr(mod, "order_inputs", lambda t, d, s: s)
+    mp.setattr(mla_api, "on_stream", lambda s, d: contextlib.nullcontext())
+
+    class Ws:
+        nbytes = 0
+
+        def ptr(self, name):
+            return 0x9000_0000
+
+    mp.setattr(workspace, "pooled", lambda *a, **k: Ws())
+    mp.setattr(module.LaunchPlan, "launch", lambda self, stream=None: None)
+
+    class Drv:
+        class CUlaunchConfig:
+            pass
+
+        class CUlaunchAttribute:
+            def __init__(self):
+                self.value, self.id = types.SimpleNamespace(), 0
+
+        class CUlaunchAttributeID:
+            CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1
+
+        cuLaunchKernelEx = None
+
+    mp.setattr(driver, "driver", lambda: Drv)
+
+    def cupy_like_view(obj, name, *, stream=None, dtype=None, cupy_ordered=False):
+        a = obj.a
+        npdt = a.dtype
+        dt = dtype or tensors._DT_NAMES.get(npdt) or tensors._DT_NAMES.setdefault(npdt, tensors._dtype_name(npdt))
+        it = npdt.itemsize
+        return tensors.TensorView(obj, name, a.__array_interface__["data"][0], a.shape,
+                                  tuple(st // it for st in a.strides), dt, it, obj.device, "cupy")
+
+    for mod in (gqa_contract, mla_contract):
+        mp.setattr(mod, "as_view", cupy_like_view)
+    mp.setattr(streams, "resolve_stream", lambda stream, device=0, framework=None: int(stream or 7))
+
+
+def gqa_sets(n: int) -> list:
+    B, Hq, Hkv, D = 1, 32, 8, 128
+    return [(FakeT(_aligned((B, Hq, D))), FakeT(_aligned((B, 2, Hkv, 1024 + 128 * i, D))),
+             FakeT(_aligned((B,), np.int32)), FakeT(_aligned((B, Hq, D)))) for i in range(n)]
+
+
+def mla_sets(n: int) -> list:
+    out = []
+    for i in range(n):
+        b, nblk = 1 + i, 4
+        out.append((FakeT(_aligned((b, 1, 16, 576))), FakeT(_aligned((b * nblk, 64, 1, 576))),
+                    FakeT(_aligned((b, nblk), np.int32)), FakeT(_aligned((b,), np.int32)),
+                    FakeT(_aligned((b, 1, 16, 512))), FakeT(_aligned((b, 16, 1), np.float32))))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=("gqa", "mla"), default="gqa")
+    ap.add_argument("--calls", type=int, default=200, help="new layouts timed (first calls), then again")
+    ap.add_argument("--profile", action="store_true", help="cProfile the first-call loop (top 25 by own time)")
+    a = ap.parse_args()
+    mp = pytest.MonkeyPatch()
+    stub_gpu(mp)
+    import gqadrv
+    from gqadrv.gqa import api as gqa_api
+    from gqadrv.mla import layout_plans
+
+    if a.op == "gqa":
+        sets = gqa_sets(a.calls + 5)
+
+        def call(t):
+            gqadrv.gqa_decode(*t[:3], out=t[3], stream=7)
+
+        layouts = gqa_api._layouts
+    else:
+        sets = mla_sets(a.calls + 5)
+
+        def call(t):
+            gqadrv.flash_mla_with_kvcache(*t[:4], 512, out=t[4], lse=t[5], stream=7)
+
+        layouts = layout_plans.layouts
+    for t in sets[:5]:  # warm-up: imports, caches of everything that does not depend on the layout
+        call(t)
+    layouts.clear()
+    prof = cProfile.Profile() if a.profile else None
+
+    def each(ts):
+        out = []
+        for t in ts:
+            t0 = time.perf_counter()
+            call(t)
+            out.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(out)
+
+    first = each(sets[5:])
+    again = each(sets[5:])
+    print(f"{a.op}: first call of a new layout {first:.1f} us, the same layouts again (layout plans) {again:.1f} us "
+          f"(median of {a.calls}; CPU, GPU steps stubbed)")
+    if prof is not None:
+        layouts.clear()
+        prof.enable()
+        for t in sets[5:]:
+            call(t)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    mp.undo()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
