@@ -41,3 +41,44 @@ def register_fast_kind(monkeypatch, cls: type, name: str = "fakefw") -> None:
     monkeypatch.setitem(tensors.FAST_READERS, name, read_fake)
     monkeypatch.setattr(layouts, "current_stream", lambda kind, dev: 1000 + dev)
     monkeypatch.setattr(driver, "multi_device", lambda: False)
+
+
+def aligned(shape, dtype=np.float16) -> np.ndarray:
+    """A fresh zeroed host buffer whose first byte is 256-byte aligned, viewed as ``shape``."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 256, np.uint8)
+    off = (-raw.__array_interface__["data"][0]) % 256
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
+def plain_tensor_map(spec) -> bytes:
+    """A stand-in for the driver's tensor-map encoder: 128 bytes derived from the geometry, with the
+    global address as a little-endian u64 at byte 16 (what ``runtime.tensormap``'s probe learns)."""
+    b = bytearray((repr((spec.dims, spec.strides, spec.box)).encode() * 128)[:128])
+    b[16:24] = spec.address.to_bytes(8, "little")
+    return bytes(b)
+
+
+def fake_layout_calls(monkeypatch, cls: type, op_module) -> None:
+    """The CPU setting of an op's layout-plan tests: ``cls`` registered as a fast-reader kind, no
+    producer ordering in ``op_module``, the stand-in tensor-map encoder (the probe learns it afresh)
+    and an empty layout cache of 8 entries as ``op_module.layouts``."""
+    from gqadrv.ops import layouts
+    from gqadrv.runtime import tensormap
+
+    register_fast_kind(monkeypatch, cls)
+    monkeypatch.setattr(op_module, "order_fast", lambda *a: None)
+    monkeypatch.setattr(tensormap, "_encode", plain_tensor_map)
+    monkeypatch.setattr(tensormap, "_offset_state", [])
+    monkeypatch.setattr(op_module, "layouts", layouts.LayoutCache(8))
+    layouts._encoded.clear()
+
+
+class RecordingPlan:
+    """A LaunchPlan stand-in: its packed arguments and stream; each launch records the bytes."""
+
+    def __init__(self, args, stream: int):
+        self.args, self.stream, self.launches = args, stream, []
+
+    def launch(self, stream=None):
+        self.launches.append(self.args.bytes())

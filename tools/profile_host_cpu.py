@@ -35,18 +35,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.fakes import FakeCudaArray, register_fast_kind  # noqa: E402
+from tests.fakes import FakeCudaArray, aligned, register_fast_kind  # noqa: E402
 
 
 class FakeT(FakeCudaArray):
     """A fake device array of the fast readers' registered kind."""
-
-
-def _aligned(shape, dtype=np.float16):
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.zeros(n + 256, np.uint8)
-    off = (-raw.__array_interface__["data"][0]) % 256
-    return raw[off:off + n].view(dtype).reshape(shape)
 
 
 def stub_gpu(mp: pytest.MonkeyPatch) -> None:
@@ -120,17 +113,17 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
 
 def gqa_sets(n: int) -> list:
     B, Hq, Hkv, D = 1, 32, 8, 128
-    return [(FakeT(_aligned((B, Hq, D))), FakeT(_aligned((B, 2, Hkv, 1024 + 128 * i, D))),
-             FakeT(_aligned((B,), np.int32)), FakeT(_aligned((B, Hq, D)))) for i in range(n)]
+    return [(FakeT(aligned((B, Hq, D))), FakeT(aligned((B, 2, Hkv, 1024 + 128 * i, D))),
+             FakeT(aligned((B,), np.int32)), FakeT(aligned((B, Hq, D)))) for i in range(n)]
 
 
 def mla_sets(n: int) -> list:
     out = []
     for i in range(n):
         b, nblk = 1 + i, 4
-        out.append((FakeT(_aligned((b, 1, 16, 576))), FakeT(_aligned((b * nblk, 64, 1, 576))),
-                    FakeT(_aligned((b, nblk), np.int32)), FakeT(_aligned((b,), np.int32)),
-                    FakeT(_aligned((b, 1, 16, 512))), FakeT(_aligned((b, 16, 1), np.float32))))
+        out.append((FakeT(aligned((b, 1, 16, 576))), FakeT(aligned((b * nblk, 64, 1, 576))),
+                    FakeT(aligned((b, nblk), np.int32)), FakeT(aligned((b,), np.int32)),
+                    FakeT(aligned((b, 1, 16, 512))), FakeT(aligned((b, 16, 1), np.float32))))
     return out
 
 

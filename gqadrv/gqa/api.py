@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_streams, handed_back, new_output
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams, handed_back, new_output
 from ..ops.prepared import PreparedDecode, prepare_streams
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
@@ -54,13 +54,8 @@ _FIELDS = (((0, "args.q"),), ((0, "args.kv"),), ((0, "args.lengths"),), ((0, "ar
 def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple | None:
     """(key, ptrs, kind, device, stream, current stream) of a call the layout cache can serve, or
     None (see above)."""
-    kind = _tensors.fast_kind(q)
-    if kind is None:
-        return None
-    tq = type(q)
-    if type(kv) is not tq or type(lens) is not tq or (out is not None and (type(out) is not tq or kind == "jax")):
-        return None
-    if kind == "xla" and (out is None or not out.writeable):  # XLA buffers: only as a callback's out=
+    kind = call_kind((q, kv, lens), (), (out,))
+    if kind is None or (kind == "xla" and out is None):  # XLA buffers: only as a callback's out=
         return None
     t = type(q_scale)
     if t is not float and t is not int:

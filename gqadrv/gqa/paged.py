@@ -31,11 +31,12 @@ from ..ops.kernels import Loaded
 from ..ops.plans import launch_packed
 from ..ops.workspace import Workspace
 from ..runtime import driver as _drv
-from ..runtime.module import ArgPack, LaunchPlan
+from ..runtime.module import ArgPack, LaunchPlan, launch_plans
 from ..runtime.tensormap import TensorMapError, TmaSpec, encode_tiled, validate_tiled
 from ..ops.prepared import prepare_streams
 from ..runtime.streams import launch_streams
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
+from . import paged_layouts as _paged_layouts
 from . import routes as _routes
 from .api import PreparedGqaDecode
 from .args import GQA_FLAG_L2_EVICT_FIRST
@@ -231,8 +232,10 @@ def _check_flags(return_lse: Any, deterministic: Any) -> None:
 
 # ----------------------------------------------------------------------------- convenience call
 def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, deterministic: bool,
-                    splits_req: int | None, backend: str | None, out: Any, lse: Any) -> Any:
-    """Route, allocate what the caller did not give (on ``s``), launch; returns out or (out, lse)."""
+                    splits_req: int | None, backend: str | None, out: Any, lse: Any, facts: tuple | None = None) -> Any:
+    """Route, allocate what the caller did not give (on ``s``), launch; returns out or (out, lse).
+    ``facts`` (gqa_decode_paged's layout key, gqa/paged_layouts.py): the launch gets a plan of its
+    own, kept under that key."""
     variant, loaded, maps = route(problem, backend, deterministic)
     splits, subs = splits_for(problem, variant, loaded, deterministic, splits_req)
     dev = problem.device
@@ -244,7 +247,17 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
     args = args_fields(problem, variant, out_ptr=out_ptr, lse_ptr=lse_ptr, ws=ws, status_ptr=0, splits=splits,
                        split_subs=subs)
     grid, block, smem = geometry(problem, variant, splits)
-    launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, param_values(variant, maps, args), dev)
+    values = param_values(variant, maps, args)
+    if facts is None:
+        launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, dev)
+    else:
+        plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=s,
+                          pdl=True)
+        launch_plans((plan,), dev)
+        sc = problem.scales
+        ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0, problem.table.ptr,
+                problem.lengths.ptr, out_ptr, lse_ptr, sc.k_ptr, sc.v_ptr)
+        _paged_layouts.remember(facts, problem, variant, plan, ws, ptrs, want_lse)
     o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
     if not want_lse:
         return o
@@ -301,6 +314,17 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
     device array () / (1,) per tensor or (Hkv,) per KV head; element = float(code) * scale
     (gqadrv.gqa.kv_dtype). Output and LSE as for fp16 caches (q's dtype).
     """
+    facts = _paged_layouts.call_facts(q, k_cache, v_cache, block_table, seq_lens, out, lse, kv_layout, return_lse,
+                                      q_scale, sm_scale, deterministic, num_splits, stream, backend, kv_dtype, k_scale,
+                                      v_scale)
+    want_lse = return_lse is True or lse is not None
+    if facts is not None:
+        e = _paged_layouts.layouts.get(facts[0])
+        if e is not None:
+            r = _paged_layouts.launch_layout(e, facts, q, (q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale,
+                                                           v_scale), out, lse, want_lse)
+            if r is not _paged_layouts.MISS:
+                return r
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
@@ -309,7 +333,9 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
                                   stream)
     problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse, q_scale, sm_scale,
                              stream=dl_stream, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
-    return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, splits_req, b, out, lse)
+    if facts is not None and (facts[3] != problem.device or facts[4] != s):
+        facts = None
+    return run_convenience(problem, s, q, want_lse, deterministic, splits_req, b, out, lse, facts)
 
 
 def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, return_lse: bool, deterministic: bool,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_streams, handed_back, new_output
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams, handed_back, new_output
 from ..runtime import tensors as _tensors
 from ..runtime.module import TMAP
 from ..runtime.streams import order_fast
@@ -53,16 +53,8 @@ def call_facts(q, k_cache, block_table, cache_seqlens, out, lse, head_dim_v, sof
                num_splits, meta, stream, backend) -> tuple | None:
     """(key, ptrs, kind, device, stream, current stream) of a dense call the layout cache can serve,
     or None (see the module docstring)."""
-    kind = _tensors.fast_kind(q)
-    if kind is None:
-        return None
-    tq = type(q)
-    if type(k_cache) is not tq or type(block_table) is not tq or type(cache_seqlens) is not tq:
-        return None
-    for t in (out, lse):
-        if t is not None and (type(t) is not tq or kind == "jax"):
-            return None
-    if kind == "xla" and (out is None or lse is None or not out.writeable or not lse.writeable):
+    kind = call_kind((q, k_cache, block_table, cache_seqlens), (), (out, lse))
+    if kind is None or (kind == "xla" and (out is None or lse is None)):  # XLA buffers: a callback's outputs
         return None
     if (type(head_dim_v) is not int or not _scalar(softmax_scale) or type(causal) is not bool
             or type(is_fp8_kvcache) is not bool or (num_splits is not None and type(num_splits) is not int)

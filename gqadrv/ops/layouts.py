@@ -31,18 +31,20 @@ from ..runtime.module import LaunchPlan, launch_plans
 from ..runtime.streams import current_stream, on_stream, relaxed_capture_mode, resolve_stream
 from .bounded import BoundedMap
 
-__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot", "call_streams", "handed_back", "new_output"]
+__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot", "call_kind", "call_streams", "handed_back", "new_output"]
 
 _encoded = BoundedMap(256)   # (spec, address) -> 128 bytes, for maps whose address field is not patchable
 
 
 class TmapSlot:
-    """A by-value tensor-map parameter (``param`` of plan ``plan``) describing tensor ``slot``."""
+    """A by-value tensor-map parameter (``param`` of plan ``plan``) describing tensor ``slot``, whose
+    global address is the tensor's address + ``offset`` bytes (e.g. the V half of a combined cache)."""
 
-    __slots__ = ("encoded", "field", "param", "plan", "slot", "spec")
+    __slots__ = ("encoded", "field", "offset", "param", "plan", "slot", "spec")
 
-    def __init__(self, plan: int, param: str, slot: int, spec: _tm.TmaSpec, encoded: bytes):
+    def __init__(self, plan: int, param: str, slot: int, spec: _tm.TmaSpec, encoded: bytes, offset: int = 0):
         self.plan, self.param, self.slot, self.spec, self.encoded = plan, param, slot, spec, encoded
+        self.offset = offset
         self.field = _tm.address_offset(encoded, spec.address)   # byte offset of the address, or None
 
     def apply(self, plans: tuple[LaunchPlan, ...], address: int) -> None:
@@ -60,7 +62,8 @@ class TmapSlot:
 class LayoutEntry:
     """One validated layout: its plans and how each tensor's address enters them.
 
-    ``fields[i]``: (plan index, struct field) pairs that hold tensor i's address; ``aligns[i]``: its
+    ``fields[i]``: (plan index, struct field) pairs that hold tensor i's address, or (plan index,
+    struct field, byte offset) triples that hold an address inside it; ``aligns[i]``: its
     required alignment; ``spans[i]``: (lo, hi) byte offsets of its extent relative to its address;
     ``out_slot``: the output's index, or a tuple of the outputs' indices (an output's span must not
     overlap any other tensor's); ``tmaps``: tensor maps to re-base when their tensor moves; ``ptrs``:
@@ -122,11 +125,11 @@ class LayoutEntry:
         plans = self.plans
         for i, p in enumerate(ptrs):
             if p != old[i]:
-                for pi, field in self.fields[i]:
-                    plans[pi].args.set_field(field, p)
+                for f in self.fields[i]:
+                    plans[f[0]].args.set_field(f[1], p if len(f) == 2 else p + f[2])
                 for t in self.tmaps:
                     if t.slot == i:
-                        t.apply(plans, p)
+                        t.apply(plans, p + t.offset)
         self.ptrs = ptrs
         return True
 
@@ -155,7 +158,28 @@ class LayoutCache:
         self._map.clear()
 
 
-# ----------------------------------------------------------------------------- streams and outputs of a layout call
+# ----------------------------------------------------------------------------- the tensors, streams and outputs of a layout call
+def call_kind(inputs: tuple, optional: tuple = (), outputs: tuple = ()) -> str | None:
+    """The fast-reader kind (runtime.tensors.fast_kind) of a call whose tensors the layout plans can
+    serve, or None: every input of one exact type with a fast reader, optional inputs None or of that
+    type, outputs None or of that type and writable (JAX arrays cannot be outputs; XLA buffers must
+    be writable)."""
+    t = type(inputs[0])
+    kind = _tensors.fast_kind(inputs[0])
+    if kind is None:
+        return None
+    for x in inputs[1:]:
+        if type(x) is not t:
+            return None
+    for x in optional:
+        if x is not None and type(x) is not t:
+            return None
+    for x in outputs:
+        if x is not None and (type(x) is not t or kind == "jax" or (kind == "xla" and not x.writeable)):
+            return None
+    return kind
+
+
 def call_streams(kind: str, dev: int, stream: Any) -> tuple[int, int]:
     """(launch stream, the framework's current stream) of a layout call whose tensors are of fast
     reader ``kind`` on ``dev``: ``stream`` resolved, or the current stream when it is None (torch's

@@ -18,7 +18,7 @@ from gqadrv.mla.args import SIG_TMA
 from gqadrv.ops import layouts
 from gqadrv.runtime import tensormap as tm
 from gqadrv.runtime.module import ArgPack
-from tests.fakes import FakeCudaArray, register_fast_kind
+from tests.fakes import FakeCudaArray, RecordingPlan, aligned, fake_layout_calls
 
 
 class FakeT(FakeCudaArray):
@@ -29,28 +29,9 @@ def _ptr(x) -> int:
     return x.a.__array_interface__["data"][0]
 
 
-def _enc_plain(spec: tm.TmaSpec) -> bytes:
-    """A fake driver encoder: the geometry's hash, the address as a little-endian u64 at byte 16."""
-    b = bytearray((repr((spec.dims, spec.strides, spec.box)).encode() * 128)[:128])
-    b[16:24] = spec.address.to_bytes(8, "little")
-    return bytes(b)
-
-
 @pytest.fixture
 def fake_kind(monkeypatch):
-    register_fast_kind(monkeypatch, FakeT)
-    monkeypatch.setattr(lp, "order_fast", lambda *a: None)
-    monkeypatch.setattr(tm, "_encode", _enc_plain)
-    monkeypatch.setattr(tm, "_offset_state", [])
-    monkeypatch.setattr(lp, "layouts", layouts.LayoutCache(8))
-    layouts._encoded.clear()
-
-
-def _aligned(shape, dtype=np.float16):
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.zeros(n + 256, np.uint8)
-    off = (-raw.__array_interface__["data"][0]) % 256
-    return raw[off:off + n].view(dtype).reshape(shape)
+    fake_layout_calls(monkeypatch, FakeT, lp)
 
 
 B, S_Q, H_Q, PAGE, NBLK, MAXB = 2, 1, 16, 64, 8, 4
@@ -58,9 +39,9 @@ B, S_Q, H_Q, PAGE, NBLK, MAXB = 2, 1, 16, 64, 8, 4
 
 def _set(device=0, h_q=H_Q, dtype=np.float16):
     """q, k_cache, block_table, cache_seqlens, out, lse of one layout (fresh buffers)."""
-    return (FakeT(_aligned((B, S_Q, h_q, 576), dtype), device), FakeT(_aligned((NBLK, PAGE, 1, 576), dtype), device),
-            FakeT(_aligned((B, MAXB), np.int32), device), FakeT(_aligned((B,), np.int32), device),
-            FakeT(_aligned((B, S_Q, h_q, 512), dtype), device), FakeT(_aligned((B, h_q, S_Q), np.float32), device))
+    return (FakeT(aligned((B, S_Q, h_q, 576), dtype), device), FakeT(aligned((NBLK, PAGE, 1, 576), dtype), device),
+            FakeT(aligned((B, MAXB), np.int32), device), FakeT(aligned((B,), np.int32), device),
+            FakeT(aligned((B, S_Q, h_q, 512), dtype), device), FakeT(aligned((B, h_q, S_Q), np.float32), device))
 
 
 def _facts(t, *, hdv=512, scale=None, causal=False, fp8=False, splits=None, meta=None, stream=None, backend=None):
@@ -120,15 +101,7 @@ def _remembered(t, monkeypatch, meta_config=("cfg",), splits=1):
     fields = {n: (0.5 if ch == "f" else 0) for n, ch in _ks.FIELDS}
     fields.update(dict(zip(lp._NAMES, ptrs)))
     pack = ArgPack(SIG_TMA).pack(*(tm.encode_tiled(s) for s in specs), fields)
-
-    class Plan:
-        def __init__(self):
-            self.args, self.launches, self.stream = pack, [], facts[4]
-
-        def launch(self, stream=None):
-            self.launches.append(self.args.bytes())
-
-    plan = Plan()
+    plan = RecordingPlan(pack, facts[4])
     tmaps = tuple(layouts.TmapSlot(0, n, 1, s, pack.param_bytes(n)) for n, s in zip(("k_lo", "k_hi"), specs))
     spans = tuple((0, x.a.nbytes) for x in t)
     e = layouts.LayoutEntry((plan,), lp._FIELDS, lp._ALIGNS, spans, lp._OUT_SLOTS, tmaps, ptrs, facts[3], facts[4],
@@ -193,10 +166,10 @@ def test_refused_calls_take_the_full_path_and_never_launch(case, fake_kind, monk
     elif case == "out overlaps k_cache":
         o = FakeT(as_strided(k.a, o.a.shape, o.a.strides))
     elif case == "k_cache misaligned":
-        raw = _aligned((k.a.size + 8,))
+        raw = aligned((k.a.size + 8,))
         k = FakeT(raw[4:4 + k.a.size].reshape(k.a.shape))
     else:
-        raw = _aligned((bt.a.nbytes + 8,), np.uint8)
+        raw = aligned((bt.a.nbytes + 8,), np.uint8)
         bt = FakeT(raw[2:2 + bt.a.nbytes].view(np.int32).reshape(bt.a.shape))
     assert _facts((q, k, bt, sl, o, lse))[0] == _facts(t)[0]  # the same layout key
     before = plan.args.bytes()
