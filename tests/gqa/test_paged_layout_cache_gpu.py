@@ -31,10 +31,17 @@ def _sets(n, page, layout, combined, s_q, max_pages, seed):
         lens = [max(1, cap - 37 * i - 11 * r) for r in range(B)]
         kc, vc, bt = paged_kv_from_contiguous(k, v, lens, page, kv_layout=layout, combined=combined,
                                               max_pages=max_pages, rng=rng, fill=np.nan)
+        kc, vc = (None if c is None else _pad_pages(c, B * max_pages + 1) for c in (kc, vc))  # one pool size
         ln = np.array(lens, np.int32)
         ro, rl = gqa_decode_paged_reference(q, kc, vc, bt, ln, kv_layout=layout)
         out.append((q, kc, vc, bt, ln, ro, rl))
     return out
+
+
+def _pad_pages(pool: np.ndarray, n: int) -> np.ndarray:
+    """The pool with NaN pages appended up to n pages (every set of one layout has the same pool)."""
+    pad = np.full((n - pool.shape[0],) + pool.shape[1:], np.nan, pool.dtype)
+    return np.concatenate([pool, pad])
 
 
 # (page, layout, combined, s_q, max_pages): TMA route (pages >= 16), cp.async route (page 1)
