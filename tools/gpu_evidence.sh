@@ -60,7 +60,8 @@ for step in $STEPS; do
   layouts) # the layout-keyed convenience plans (GQA, MLA, jax.jit's XLA buffers) and the files whose second
            # calls take them (the MLA grid, torch / JAX integrations)
            python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider -rf tests/gqa/test_layout_cache_gpu.py \
-             tests/mla/test_mla_layout_cache_gpu.py tests/gqa/test_paged_layout_cache_gpu.py tests/mla/test_mla_gpu.py \
+             tests/mla/test_mla_layout_cache_gpu.py tests/gqa/test_paged_layout_cache_gpu.py tests/gqa/test_merge_layout_cache_gpu.py \
+             tests/gqa/test_merge_gpu.py tests/mla/test_mla_gpu.py \
              tests/gqa/test_paged_gpu.py tests/integrations/test_jax_gpu.py tests/integrations/test_jax_paged_gpu.py \
              tests/integrations/test_torch_gpu.py tests/integrations/test_torch_paged_gpu.py > "$OUT/layouts.log" 2>&1
            { grep -E "^(FAILED|ERROR)" "$OUT/layouts.log" | head -40; tail -3 "$OUT/layouts.log"; } > "$OUT/layouts.txt"

@@ -38,10 +38,11 @@ from ..ops.plans import launch_packed
 from ..ops.registry import ElementwiseGeometry, KernelFamily, OpRecord
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.module import NamedStruct, ParamKind, Signature
+from ..runtime.module import ArgPack, LaunchPlan, NamedStruct, ParamKind, Signature, launch_plans
 from ..runtime.streams import launch_streams
 from ..runtime.tensors import TensorView
 from ..types import ArrayT, DLPackArray, LseT, OutT, StreamLike
+from . import merge_layouts as _merge_layouts
 
 __all__ = ["merge_state", "merge_states"]
 
@@ -338,9 +339,11 @@ def launch_geometry(problem: MergeProblem) -> tuple[tuple[int, int, int], tuple[
     return (-(-problem.items // THREADS), 1, 1), (THREADS, 1, 1), 0
 
 
-def _run(problem: MergeProblem, like: Any, out: Any, out_lse: Any, s: int) -> tuple[Any, Any]:
+def _run(problem: MergeProblem, like: Any, out: Any, out_lse: Any, s: int, facts: tuple | None = None) -> tuple[Any, Any]:
     """Allocate the outputs the caller did not give (ops.outputs: torch's allocator for torch inputs
-    on torch's current stream, else CuPy on ``s``), launch, hand them back in like's framework."""
+    on torch's current stream, else CuPy on ``s``), launch, hand them back in like's framework.
+    ``facts`` (the call's layout key, gqa/merge_layouts.py): the launch gets a plan of its own, kept
+    under that key."""
     dev = problem.device
     o_new = _outputs.allocate(like, problem.out_shape, problem.dtype, dev, s) if problem.out is None else None
     l_new = _outputs.allocate(like, problem.lse_shape, "float32", dev, s) if problem.out_lse is None else None
@@ -350,7 +353,15 @@ def _run(problem: MergeProblem, like: Any, out: Any, out_lse: Any, s: int) -> tu
         _variant, loaded = route(problem.dtype, problem.num_states, problem.device)
         fields, table = args_fields(problem, o_ptr, l_ptr)
         grid, block, smem = launch_geometry(problem)
-        launch_packed(loaded.kernel, grid, block, smem, SIGNATURE, s, (fields, table), problem.device)
+        if facts is None:
+            launch_packed(loaded.kernel, grid, block, smem, SIGNATURE, s, (fields, table), problem.device)
+        else:
+            plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(SIGNATURE).pack(fields, table), stream=s,
+                              pdl=True)
+            launch_plans((plan,), dev)
+            ptrs = (*(v.ptr for v in problem.v), *(x.ptr for x in problem.s), o_ptr, l_ptr)
+            _merge_layouts.remember(facts, problem, plan, (0, 8 * MAX_LIST_STATES),
+                                    bool(fields["flags"] & MERGE_FLAG_VEC16), ptrs)
     o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
     lo = out_lse if l_new is None else _outputs.hand_back(l_new, like, s, dev)
     return o, lo
@@ -381,9 +392,24 @@ def merge_state(v_a: ArrayT, s_a: DLPackArray, v_b: DLPackArray, s_b: DLPackArra
     host, so it can be captured into a CUDA graph (after one call outside capture has loaded the
     kernel).
     """
+    facts = _merge_layouts.call_facts("pair", (v_a, v_b), (s_a, s_b), out, out_lse, stream)
+    r = _from_layout(facts, v_a, (v_a, s_a, v_b, s_b, out, out_lse), out, out_lse)
+    if r is not None:
+        return r
     s, dl = launch_streams(v_a, (v_a, s_a, v_b, s_b, out, out_lse), stream)
     problem = validate_pair(v_a, s_a, v_b, s_b, out, out_lse, stream=dl)
-    return _run(problem, v_a, out, out_lse, s)
+    return _run(problem, v_a, out, out_lse, s, facts)
+
+
+def _from_layout(facts: tuple | None, like: Any, tensors: tuple, out: Any, out_lse: Any) -> tuple[Any, Any] | None:
+    """The result of a call served by its layout's plan (gqa/merge_layouts.py), or None."""
+    if facts is None:
+        return None
+    e = _merge_layouts.layouts.get(facts[0])
+    if e is None:
+        return None
+    r = _merge_layouts.launch_layout(e, facts, like, tensors, out, out_lse)
+    return None if r is _merge_layouts.MISS else r
 
 
 def merge_states(v: ArrayT | Sequence[ArrayT], s: DLPackArray | Sequence[DLPackArray], *, out: OutT | None = None,
@@ -410,12 +436,20 @@ def merge_states(v: ArrayT | Sequence[ArrayT], s: DLPackArray | Sequence[DLPackA
     if listed:
         vs, ss = list(v), list(s)
         check_list_counts(len(vs), len(ss))  # before the GPU is looked for
+        facts = _merge_layouts.call_facts("list", tuple(vs), tuple(ss), out, out_lse, stream)
+        r = _from_layout(facts, vs[0], (*vs, *ss, out, out_lse), out, out_lse)
+        if r is not None:
+            return r
         st, dl = launch_streams(vs[0], (*vs, *ss, out, out_lse), stream)
         problem = validate_list(vs, ss, out, out_lse, stream=dl)
-        return _run(problem, vs[0], out, out_lse, st)
+        return _run(problem, vs[0], out, out_lse, st, facts)
+    facts = _merge_layouts.call_facts("stacked", (v,), (s,), out, out_lse, stream)
+    r = _from_layout(facts, v, (v, s, out, out_lse), out, out_lse)
+    if r is not None:
+        return r
     st, dl = launch_streams(v, (v, s, out, out_lse), stream)
     problem = validate_stacked(v, s, out, out_lse, stream=dl)
-    return _run(problem, v, out, out_lse, st)
+    return _run(problem, v, out, out_lse, st, facts)
 
 
 # ----------------------------------------------------------------------------- CLI record

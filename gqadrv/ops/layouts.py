@@ -59,11 +59,26 @@ class TmapSlot:
         args.set(self.param, data)
 
 
+def _resolve(sig, f: tuple) -> tuple[int, int, str, int]:
+    """(plan index, absolute byte offset, struct format, added bytes) of one address place (LayoutEntry)."""
+    place, add = f[1], (f[2] if len(f) > 2 else 0)
+    if "@" in place:
+        param, off = place.split("@")
+        return f[0], sig.offsets[sig.names.index(param)] + int(off), "<Q", add
+    try:
+        off, fmt = sig.field_offsets[place]
+    except KeyError:
+        raise KeyError(f"{sig} has no struct field {place!r}") from None
+    return f[0], off, fmt, add
+
+
 class LayoutEntry:
     """One validated layout: its plans and how each tensor's address enters them.
 
-    ``fields[i]``: (plan index, struct field) pairs that hold tensor i's address, or (plan index,
-    struct field, byte offset) triples that hold an address inside it; ``aligns[i]``: its
+    ``fields[i]``: (plan index, place) pairs that hold tensor i's address, or (plan index, place, byte
+    offset) triples that hold an address inside it; a place is a struct field ``"param.field"`` or a
+    u64 at a byte offset of a raw parameter, ``"param@offset"`` (e.g. a pointer table passed by
+    value); ``aligns[i]``: its
     required alignment; ``spans[i]``: (lo, hi) byte offsets of its extent relative to its address;
     ``out_slot``: the output's index, or a tuple of the outputs' indices (an output's span must not
     overlap any other tensor's); ``tmaps``: tensor maps to re-base when their tensor moves; ``ptrs``:
@@ -80,6 +95,7 @@ class LayoutEntry:
         "out_shape",
         "out_slot",
         "out_slots",
+        "patches",
         "plans",
         "ptrs",
         "spans",
@@ -98,6 +114,7 @@ class LayoutEntry:
         self.out_slots = () if out_slot is None else (out_slot,) if isinstance(out_slot, int) else tuple(out_slot)
         self.device, self.stream, self.keep = device, stream, keep
         self.out_shape, self.out_dtype, self.info = tuple(out_shape), out_dtype, info
+        self.patches = tuple(tuple(_resolve(self.plans[f[0]].args.sig, f) for f in fs) for fs in self.fields)
         self.lock = threading.Lock()
 
     def check(self, ptrs: tuple[int, ...]) -> bool:
@@ -125,8 +142,8 @@ class LayoutEntry:
         plans = self.plans
         for i, p in enumerate(ptrs):
             if p != old[i]:
-                for f in self.fields[i]:
-                    plans[f[0]].args.set_field(f[1], p if len(f) == 2 else p + f[2])
+                for pi, off, fmt, add in self.patches[i]:
+                    plans[pi].args.patch(off, fmt, p + add)
                 for t in self.tmaps:
                     if t.slot == i:
                         t.apply(plans, p + t.offset)
