@@ -10,11 +10,12 @@ What is left is the Python work that dominates these paths on the GPU host too, 
 measured here carry over; absolute numbers do not (a different CPU, and the stubbed driver calls cost
 a few microseconds each there). `tools/profile_convenience.py` measures the real thing on a GPU.
 
-    python tools/profile_host_cpu.py [--op gqa|mla] [--calls 200] [--profile]
+    python tools/profile_host_cpu.py [--op gqa|mla|paged|merge] [--calls 200] [--profile]
 
 Prints the median µs per call of: the first call of each of ``--calls`` new layouts (distinct
-capacities for GQA, distinct batch sizes for MLA), and the same calls again (layout plans, new
-addresses each call); ``--profile`` adds a cProfile of the first-call loop (top 25 by own time).
+capacities for GQA, batch sizes for MLA, pool sizes for the paged decode, row counts for the merge),
+and the same calls again (layout plans, new addresses each call); ``--profile`` adds a cProfile of
+the first-call loop (top 25 by own time).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
     """Replace every GPU-facing step the convenience paths take (see the module docstring)."""
     from gqadrv.gqa import api as gqa_api
     from gqadrv.gqa import contract as gqa_contract
+    from gqadrv.gqa import merge, merge_layouts, paged, paged_contract, paged_layouts
+    from gqadrv.ops import contract as ops_contract
     from gqadrv.mla import api as mla_api
     from gqadrv.mla import contract as mla_contract
     from gqadrv.mla import layout_plans as mla_lp
@@ -53,8 +56,10 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
     from gqadrv.runtime import driver, module, streams, tensormap, tensors
 
     register_fast_kind(mp, FakeT)
-    for mod in (gqa_api, mla_lp):
+    for mod in (gqa_api, mla_lp, paged_layouts, merge_layouts):
         mp.setattr(mod, "order_fast", lambda *a: None)
+    for mod in (paged, merge):
+        mp.setattr(mod, "launch_streams", lambda first, tensors, stream: (int(stream or 7), int(stream or 7)))
     mp.setattr(driver, "ensure_init", lambda: None)
     info = types.SimpleNamespace(cc=(9, 0), sm_count=132, name="H200 (stub)", l2_bytes=60 << 20)
     mp.setattr(driver, "device_info", lambda d: info)
@@ -67,6 +72,8 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
 
     loaded = types.SimpleNamespace(kernel=Kernel(), ctas_per_sm=1, arch="sm_90a")
     mp.setattr(kernels, "load", lambda variant, device: loaded)
+    mp.setattr(merge, "load", lambda variant, device: loaded)
+    mp.setattr(driver, "device_scope", lambda device: contextlib.nullcontext())
     mp.setattr(tensormap, "_encode", lambda spec: bytes(16) + spec.address.to_bytes(8, "little") + bytes(104))
     mp.setattr(tensormap, "_offset_state", [])
     mp.setattr(streams, "is_capturing", lambda s: False)
@@ -106,7 +113,7 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
         return tensors.TensorView(obj, name, a.__array_interface__["data"][0], a.shape,
                                   tuple(st // it for st in a.strides), dt, it, obj.device, "cupy")
 
-    for mod in (gqa_contract, mla_contract):
+    for mod in (gqa_contract, mla_contract, paged_contract, ops_contract):
         mp.setattr(mod, "as_view", cupy_like_view)
     mp.setattr(streams, "resolve_stream", lambda stream, device=0, framework=None: int(stream or 7))
 
@@ -127,9 +134,31 @@ def mla_sets(n: int) -> list:
     return out
 
 
+def paged_sets(n: int) -> list:
+    """q [B, Hq, D], K / V pools of page 16 (NHD), table, lengths, out, lse: a new pool size per layout."""
+    B, Hq, Hkv, D, page, mp = 2, 32, 8, 128, 16, 16
+    out = []
+    for i in range(n):
+        P = B * mp + 1 + i
+        out.append((FakeT(aligned((B, Hq, D))), FakeT(aligned((P, page, Hkv, D))), FakeT(aligned((P, page, Hkv, D))),
+                    FakeT(aligned((B, mp), np.int32)), FakeT(aligned((B,), np.int32)), FakeT(aligned((B, Hq, D))),
+                    FakeT(aligned((B, Hq), np.float32))))
+    return out
+
+
+def merge_sets(n: int) -> list:
+    """Two states [N, 32, 128] fp16 with their LSEs and both outputs: a new N per layout."""
+    out = []
+    for i in range(n):
+        N, H, D = 1 + i, 32, 128
+        out.append((FakeT(aligned((N, H, D))), FakeT(aligned((N, H), np.float32)), FakeT(aligned((N, H, D))),
+                    FakeT(aligned((N, H), np.float32)), FakeT(aligned((N, H, D))), FakeT(aligned((N, H), np.float32))))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", choices=("gqa", "mla"), default="gqa")
+    ap.add_argument("--op", choices=("gqa", "mla", "paged", "merge"), default="gqa")
     ap.add_argument("--calls", type=int, default=200, help="new layouts timed (first calls), then again")
     ap.add_argument("--profile", action="store_true", help="cProfile the first-call loop (top 25 by own time)")
     a = ap.parse_args()
@@ -137,9 +166,24 @@ def main() -> int:
     stub_gpu(mp)
     import gqadrv
     from gqadrv.gqa import api as gqa_api
+    from gqadrv.gqa import merge_layouts, paged_layouts
     from gqadrv.mla import layout_plans
 
-    if a.op == "gqa":
+    if a.op == "paged":
+        sets = paged_sets(a.calls + 5)
+
+        def call(t):
+            gqadrv.gqa_decode_paged(*t[:5], out=t[5], lse=t[6], stream=7)
+
+        layouts = paged_layouts.layouts
+    elif a.op == "merge":
+        sets = merge_sets(a.calls + 5)
+
+        def call(t):
+            gqadrv.merge_state(*t[:4], out=t[4], out_lse=t[5], stream=7)
+
+        layouts = merge_layouts.layouts
+    elif a.op == "gqa":
         sets = gqa_sets(a.calls + 5)
 
         def call(t):
