@@ -255,8 +255,9 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
                           pdl=True)
         launch_plans((plan,), dev)
         sc = problem.scales
-        ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0, problem.table.ptr,
-                problem.lengths.ptr, out_ptr, lse_ptr, sc.k_ptr, sc.v_ptr)
+        ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0,
+                problem.table.ptr if problem.table is not None else 0, problem.lengths.ptr, out_ptr, lse_ptr,
+                sc.k_ptr, sc.v_ptr)
         _paged_layouts.remember(facts, problem, variant, plan, ws, ptrs, want_lse)
     o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
     if not want_lse:
@@ -342,14 +343,26 @@ def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, retu
                       q_scale: Any, sm_scale: Any, stream: Any, backend: Any, kv_dtype: Any = None,
                       k_scale: float | DLPackArray | None = None, v_scale: float | DLPackArray | None = None) -> Any:
     """gqa_decode for a 4-D q, an LSE output, deterministic=True or an FP8 cache (contiguous cache
-    as pages)."""
+    as pages); repeated calls of one layout take its plan (gqa/paged_layouts.py, layout "contiguous")."""
+    facts = _paged_layouts.call_facts(q, kv, None, None, lengths, out, lse, "contiguous", return_lse, q_scale,
+                                      sm_scale, deterministic, None, stream, backend, kv_dtype, k_scale, v_scale)
+    want_lse = return_lse is True or lse is not None
+    if facts is not None:
+        e = _paged_layouts.layouts.get(facts[0])
+        if e is not None:
+            r = _paged_layouts.launch_layout(e, facts, q, (q, kv, lengths, out, lse, k_scale, v_scale), out, lse,
+                                             want_lse)
+            if r is not _paged_layouts.MISS:
+                return r
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     s, dl_stream = launch_streams(q, (q, kv, lengths, out, lse, k_scale, v_scale), stream)
     problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream, kv_dtype=kv_dtype,
                                  k_scale=k_scale, v_scale=v_scale)
-    return run_convenience(problem, s, q, return_lse or lse is not None, deterministic, None, b, out, lse)
+    if facts is not None and (facts[3] != problem.device or facts[4] != s):
+        facts = None
+    return run_convenience(problem, s, q, want_lse, deterministic, None, b, out, lse, facts)
 
 
 # ----------------------------------------------------------------------------- prepared API

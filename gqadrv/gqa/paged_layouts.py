@@ -7,7 +7,9 @@ output given: ``runtime.tensors.fast_kind``) is keyed by layout: framework, shap
 q, the K pool, the V pool (or none: a combined pool), the block table, the lengths, out and lse when
 given and the FP8 scale arrays when given, device, ``kv_layout``, whether LSE is returned, the scales
 (``q_scale`` / ``sm_scale`` / numeric FP8 scales), ``deterministic``, ``num_splits``, ``kv_dtype``,
-backend, the tuning environment and the launch stream. Not by addresses. A later call of the key
+backend, the tuning environment and the launch stream. Not by addresses. ``gqa_decode``'s calls
+that run the paged kernels on a contiguous cache (4-D q, LSE, ``deterministic``, FP8) use the same
+cache with the layout "contiguous" (no table, V at a fixed offset inside the cache). A later call of the key
 re-reads the addresses, orders the producers, allocates out / lse when not given, re-checks what
 depends on an address (16-byte alignment of q, the pools and out; 4 bytes for the table, the lengths,
 lse and scale arrays; no output overlapping another tensor), patches the address fields of
@@ -49,8 +51,15 @@ def _number(x: Any) -> bool:
 def call_facts(q, k_cache, v_cache, block_table, seq_lens, out, lse, kv_layout, return_lse, q_scale, sm_scale,
                deterministic, num_splits, stream, backend, kv_dtype, k_scale, v_scale) -> tuple | None:
     """(key, ptrs, kind, device, stream, current stream) of a call the layout cache can serve, or
-    None (see the module docstring). ptrs: one address per slot (0 where the tensor is absent)."""
-    kind = call_kind((q, k_cache, block_table, seq_lens), (v_cache,), (out, lse))
+    None (see the module docstring). ptrs: one address per slot (0 where the tensor is absent).
+    ``kv_layout="contiguous"``: ``gqa_decode``'s contiguous cache [B, 2, Hkv, C, D] as k_cache, no
+    V pool and no table (its 4-D q / LSE / deterministic / FP8 calls run the paged kernels)."""
+    if kv_layout == "contiguous":
+        if v_cache is not None or block_table is not None:
+            return None
+        kind = call_kind((q, k_cache, seq_lens), (), (out, lse))
+    else:
+        kind = call_kind((q, k_cache, block_table, seq_lens), (v_cache,), (out, lse))
     if kind is None:
         return None
     tq = type(q)

@@ -236,3 +236,33 @@ def test_jax_jit_callbacks_take_the_layout_plan(launches):
     keys = list(api._layouts._map._d)
     assert len(keys) == 1 and keys[0][0] == "xla", keys
     assert len(launches) == 8
+
+
+def test_lse_and_multi_token_calls_of_a_contiguous_cache(launches):
+    """gqa_decode with a 4-D q and return_lse (the paged kernels on the contiguous cache, layout
+    "contiguous" of gqa/paged_layouts.py): new tensors every call give their own out and lse; one
+    entry; one launch per call."""
+    import cupy as cp
+
+    import gqadrv
+    from gqadrv.gqa import paged_layouts
+    from gqadrv.gqa.reference import gqa_decode_paged_reference
+    from tests.gqa.paged_cases import check_paged
+
+    B, s_q, Hq, Hkv, C, D = 2, 3, 16, 4, 700, 128
+    rng = np.random.default_rng(31)
+    sets = []
+    for i in range(3):
+        q = rng.standard_normal((B, s_q, Hq, D)).astype(np.float16)
+        kv = rng.standard_normal((B, 2, Hkv, C, D)).astype(np.float16)
+        lens = np.array([C - 50 * i - 7 * b for b in range(B)], np.int32)
+        table = np.arange(B, dtype=np.int32).reshape(B, 1)   # request b = page b of C tokens (HND)
+        ro, rl = gqa_decode_paged_reference(q, kv[:, 0], kv[:, 1], table, lens, kv_layout="HND")
+        sets.append((cp.asarray(q), cp.asarray(kv), cp.asarray(lens), ro, rl))
+    paged_layouts.layouts.clear()
+    for _ in range(2):
+        for dq, dkv, dl, ro, rl in sets:
+            o, lse = gqadrv.gqa_decode(dq, dkv, dl, return_lse=True)
+            check_paged(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "float16", "contiguous LSE layout plan", record=False)
+    assert len(paged_layouts.layouts) == 1
+    assert len(launches) == 6

@@ -188,3 +188,40 @@ def test_refused_calls_take_the_full_path_and_never_launch(case, fake_kind, monk
     with pytest.raises(gqadrv.NoGpuError):
         gqadrv.gqa_decode_paged(q, k, v, bt, sl, out=o, lse=lo, **kw)
     assert plan.launches == [] and plan.args.bytes() == before
+
+
+def test_contiguous_cache_calls_of_gqa_decode(fake_kind):
+    """gqa_decode with a 4-D q and LSE (the paged kernels on the contiguous cache, layout
+    "contiguous"): no table; V sits at the fixed offset Hkv * C * D elements inside the cache."""
+    import gqadrv
+    from gqadrv.gqa.paged_args import SIG_PAGED
+    from gqadrv.gqa.paged_contract import contiguous_problem
+
+    C = 96
+
+    def tensors():
+        return (FakeT(aligned((B, 2, HQ, D))), FakeT(aligned((B, 2, HKV, C, D))), FakeT(aligned((B,), np.int32)),
+                FakeT(aligned((B, 2, HQ, D))), FakeT(aligned((B, 2, HQ), np.float32)))
+
+    q, kv, ln, o, lo = tensors()
+    facts = pl.call_facts(q, kv, None, None, ln, o, lo, "contiguous", False, 1.0, None, False, None, None, None, None,
+                          None, None)
+    assert facts is not None and facts[0][:1] == ("paged",) and "contiguous" in facts[0]
+    assert pl.call_facts(q, kv, None, FakeT(aligned((B, 3), np.int32)), ln, o, lo, "contiguous", False, 1.0, None,
+                         False, None, None, None, None, None, None) is None
+    problem = contiguous_problem(q, kv, ln, o, lo, 1.0, None, stream=None)
+    variant = _routes.select_paged_variant((9, 0), D, "float16", problem.rows, None, tma_ok=False)
+    values = {n: (0.0 if ch == "f" else 0) for n, _, ch in GQA_PAGED_ARGS.fields}
+    values.update(q=problem.q.ptr, k=problem.k_ptr, v=problem.v_ptr, lengths=problem.lengths.ptr,
+                  out=problem.out.ptr, lse=problem.lse.ptr)
+    plan = RecordingPlan(ArgPack(SIG_PAGED).pack(values), facts[4])
+    ptrs = (problem.q.ptr, problem.k.ptr, 0, 0, problem.lengths.ptr, problem.out.ptr, problem.lse.ptr, 0, 0)
+    pl.remember(facts, problem, variant, plan, None, ptrs, True)
+    q2, kv2, ln2, o2, lo2 = tensors()
+    r = gqadrv.gqa_decode(q2, kv2, ln2, out=o2, lse=lo2)
+    assert r[0] is o2 and r[1] is lo2 and len(plan.launches) == 1
+    v_off = problem.v_ptr - problem.k_ptr
+    assert v_off == HKV * C * D * 2
+    got = {n: plan.args.get_field(f"args.{n}") for n in ("q", "k", "v", "lengths", "out", "lse", "table")}
+    assert got == {"q": _ptr(q2), "k": _ptr(kv2), "v": _ptr(kv2) + v_off, "lengths": _ptr(ln2), "out": _ptr(o2),
+                   "lse": _ptr(lo2), "table": 0}
