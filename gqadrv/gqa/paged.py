@@ -104,8 +104,18 @@ def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
                     maps = (encode_tiled(specs[0]), encode_tiled(specs[1]))
             except (TensorMapError, _drv.CudaDriverError):
                 maps = None
-        hit = _tmaps.put(key, (maps,))
+        hit = _tmaps.put(key, (maps, specs if maps is not None else None))
     return hit[0]
+
+
+def tma_map_specs(problem: PagedProblem) -> tuple[TmaSpec, TmaSpec] | None:
+    """The specs of the maps ``tma_maps`` gave for this problem (kept with them), or None."""
+    tok = _routes.tiling_for("paged_tma", problem.head_dim, problem.kv8).tok
+    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.kv8,
+           problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride,
+           problem.tok_stride, problem.head_stride, tok)
+    hit = _tmaps.get(key)
+    return hit[1] if hit is not None else _tma_specs(problem, tok)
 
 
 def route(problem: PagedProblem, backend: str | None,
@@ -258,7 +268,8 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
         ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0,
                 problem.table.ptr if problem.table is not None else 0, problem.lengths.ptr, out_ptr, lse_ptr,
                 sc.k_ptr, sc.v_ptr)
-        _paged_layouts.remember(facts, problem, variant, plan, ws, ptrs, want_lse)
+        _paged_layouts.remember(facts, problem, variant, plan, ws, ptrs, want_lse,
+                                tma_map_specs(problem) if variant.family.uses_tma else None)
     o = out if o_new is None else _outputs.hand_back(o_new, like, s, dev)
     if not want_lse:
         return o

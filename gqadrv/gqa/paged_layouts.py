@@ -119,10 +119,11 @@ def launch_layout(e: LayoutEntry, facts: tuple, q, tensors: tuple, out, lse, wan
     return o, (lse if lse is not None else handed_back(kind, q, lo, larr, s, dev))
 
 
-def remember(facts: tuple, problem, variant, plan, ws, ptrs: tuple, want_lse: bool) -> None:
+def remember(facts: tuple, problem, variant, plan, ws, ptrs: tuple, want_lse: bool, specs: tuple | None = None) -> None:
     """Keep the plan of a validated call under its layout key, when the full path saw exactly the
     facts the key was made of (device, stream, addresses). ``ptrs``: the addresses the plan holds,
-    one per slot (0: absent), the outputs' included."""
+    one per slot (0: absent), the outputs' included; ``specs``: the K / V tensor-map specs of the
+    TMA route (``paged.tma_map_specs``)."""
     key, fptrs, _kind, dev, s, _cur = facts
     if problem.device != dev or plan.stream != s:
         return
@@ -162,9 +163,6 @@ def remember(facts: tuple, problem, variant, plan, ws, ptrs: tuple, want_lse: bo
         aligns.append(align if present else 1)
     tmaps: tuple = ()
     if variant.family.uses_tma:
-        from .paged import _tma_specs
-
-        specs = _tma_specs(problem, variant.tiling.tok)
         names = [n for n, kind_ in variant.family.signature.params if kind_ is TMAP]
         if specs is None or len(names) != 2:
             return

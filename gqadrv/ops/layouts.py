@@ -59,17 +59,26 @@ class TmapSlot:
         args.set(self.param, data)
 
 
+_places: dict = {}   # (signature, place) -> (absolute byte offset, struct format)
+
+
 def _resolve(sig, f: tuple) -> tuple[int, int, str, int]:
     """(plan index, absolute byte offset, struct format, added bytes) of one address place (LayoutEntry)."""
-    place, add = f[1], (f[2] if len(f) > 2 else 0)
-    if "@" in place:
-        param, off = place.split("@")
-        return f[0], sig.offsets[sig.names.index(param)] + int(off), "<Q", add
-    try:
-        off, fmt = sig.field_offsets[place]
-    except KeyError:
-        raise KeyError(f"{sig} has no struct field {place!r}") from None
-    return f[0], off, fmt, add
+    place = f[1]
+    hit = _places.get((sig, place))
+    if hit is None:
+        if "@" in place:
+            param, off = place.split("@")
+            hit = (sig.offsets[sig.names.index(param)] + int(off), "<Q")
+        else:
+            try:
+                hit = sig.field_offsets[place]
+            except KeyError:
+                raise KeyError(f"{sig} has no struct field {place!r}") from None
+        if len(_places) > 4096:
+            _places.clear()
+        _places[(sig, place)] = hit
+    return f[0], hit[0], hit[1], (f[2] if len(f) > 2 else 0)
 
 
 class LayoutEntry:

@@ -123,7 +123,7 @@ def _remember(t, monkeypatch, layout="NHD", fp8=False):
     sc = problem.scales
     ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0, problem.table.ptr,
             problem.lengths.ptr, problem.out.ptr, problem.lse.ptr, sc.k_ptr, sc.v_ptr)
-    pl.remember(facts, problem, variant, plan, None, ptrs, True)
+    pl.remember(facts, problem, variant, plan, None, ptrs, True, specs)
     e = pl.layouts.get(facts[0])
     assert e is not None, "the validated call was not remembered"
     return e, plan, problem
