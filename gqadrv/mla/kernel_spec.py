@@ -277,9 +277,10 @@ assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_byt
 # MLA_WHOLE_MODE): the balanced variants built with other schedule constants, registered only when the
 # process starts with GQADRV_MLA_EXPERIMENTS=1, so that the bench can time them beside the default in the
 # same run (``bench --op mla --mla-also seesaw_bal_snap32 ...``). Never routed; forced by name only.
-# suffix -> (snap shift, whole-mode slack shift, whole mode): chunk / 16 snapping with the whole mode at
-# even / 8 (the cut mode's worst case then), chunk / 32 with even / 16, and chunk / 32 cuts always.
-SCHEDULE_EXPERIMENTS = {"snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0)}
+# suffix -> (snap shift, whole-mode slack shift, whole mode): chunk / 8 snapping (the default before
+# 2026-12-05), chunk / 16 with the whole mode at even / 8, chunk / 32 with even / 16, chunk / 32 cuts
+# always (the default: chunk / 32 with even / 4, docs/MLA.md).
+SCHEDULE_EXPERIMENTS = {"snap8": (3, 2, 1), "snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0)}
 EXPERIMENTS_ENV = "GQADRV_MLA_EXPERIMENTS"
 
 

@@ -5,9 +5,8 @@ A FlashMLA-style engine calls ``flash_mla_with_kvcache`` once per layer and step
 the same layout. A call whose tensors all come from one framework the fast readers know (CuPy,
 torch, JAX arrays without out / lse, XLA FFI buffers with both: ``runtime.tensors.fast_kind``) is
 keyed by layout: framework, shape / strides / dtype of q, k_cache, block_table, cache_seqlens and
-of out / lse when given, device, head_dim_v, softmax_scale, causal, is_fp8_kvcache, the split hint
-(``num_splits``, or the metadata object's split count once it is initialised), backend and launch
-stream. Not by addresses. A later call of the same key re-reads only the addresses, orders the
+of out / lse when given, device, head_dim_v, softmax_scale, causal, is_fp8_kvcache, ``num_splits``,
+backend and launch stream. Not by addresses. A later call of the same key re-reads only the addresses, orders the
 producers (``streams.order_fast``), allocates out / lse when not given, re-checks what depends on
 the address (16-byte alignment of q, k_cache and out, 4 bytes for block_table, cache_seqlens and
 lse; out and lse overlapping no other tensor; ``ops.layouts.LayoutEntry``), patches the address
@@ -15,9 +14,10 @@ fields of ``MlaDecodeArgs`` and the k_cache tensor maps, and launches the plan t
 Everything else the first call validated is a property of the layout (the lengths and the block
 table are device data, read by the kernel at every launch).
 
-``tile_scheduler_metadata``: an object already initialised for another configuration sends the call
-to the full path (which raises the documented ValueError); a fresh one is initialised here exactly
-as the full path would (the layout's configuration and split count). Calls the cache cannot serve
+``tile_scheduler_metadata``: an object already initialised for another configuration (or, without
+``num_splits``, with another split count than the layout's plan) sends the call to the full path
+(which raises the documented ValueError, or launches with the object's count); a fresh one is
+initialised here exactly as the full path would (the layout's configuration and split count). Calls the cache cannot serve
 (mixed frameworks, numpy scalars, sparse arguments, a refused address) take the full path, which
 validates, launches and remembers the layout when it succeeded.
 """
@@ -60,9 +60,6 @@ def call_facts(q, k_cache, block_table, cache_seqlens, out, lse, head_dim_v, sof
             or type(is_fp8_kvcache) is not bool or (num_splits is not None and type(num_splits) is not int)
             or (backend is not None and type(backend) is not str)):
         return None
-    hint = num_splits
-    if hint is None and meta is not None and meta.config is not None:
-        hint = meta.num_splits
     read = _tensors.FAST_READERS[kind]
     try:
         facts = [read(q), read(k_cache), read(block_table), read(cache_seqlens),
@@ -75,21 +72,21 @@ def call_facts(q, k_cache, block_table, cache_seqlens, out, lse, head_dim_v, sof
     if any(f[2] != dev for f in facts[1:4]) or any(f[2] not in (None, dev) for f in facts[4:]):
         return None
     s, cur = call_streams(kind, dev, stream)
-    key = ("mla", kind, *(f[0] for f in facts), dev, head_dim_v, softmax_scale, causal, is_fp8_kvcache, hint, backend,
-           s)
+    key = ("mla", kind, *(f[0] for f in facts), dev, head_dim_v, softmax_scale, causal, is_fp8_kvcache, num_splits,
+           backend, s)
     return key, tuple(f[1] for f in facts), kind, dev, s, cur
 
 
 def launch_layout(e: LayoutEntry, facts: tuple, meta, q, k_cache, block_table, cache_seqlens, out, lse):
     """Launch the remembered plan for this call's tensors: (out, lse) as the full path returns them,
     or MISS when the call must take the full path."""
-    _key, ptrs, kind, dev, s, cur = facts
+    key, ptrs, kind, dev, s, cur = facts
     config, splits, lse_shape = e.info
     if meta is not None:
         if meta.config is None:
             meta.config, meta.num_splits = config, splits
-        elif meta.config != config:
-            return MISS
+        elif meta.config != config or (key[-3] is None and meta.num_splits != splits):
+            return MISS  # another configuration (the full path raises), or the metadata's own split count
     order_fast(kind, (q, k_cache, block_table, cache_seqlens, out, lse), dev, s, cur)
     o = oarr = lo = larr = None
     optr, lptr = ptrs[4], ptrs[5]

@@ -65,7 +65,6 @@ def test_key_is_the_layout_not_the_addresses(fake_kind):
         "causal": _facts(t1, causal=True),
         "is_fp8_kvcache": _facts(t1, fp8=True),
         "num_splits": _facts(t1, splits=2),
-        "initialised metadata": _facts(t1, meta=meta),
         "backend": _facts(t1, backend="seesaw"),
         "stream": _facts(t1, stream=77),
     }
@@ -73,7 +72,8 @@ def test_key_is_the_layout_not_the_addresses(fake_kind):
     for name, key in keys.items():
         assert key != f1[0], name
     assert len(set(keys.values())) == len(keys)
-    assert _facts(t1, meta=api.MlaSchedMeta())[0] == f1[0]  # a fresh metadata object adds nothing
+    assert _facts(t1, meta=api.MlaSchedMeta())[0] == f1[0]  # the metadata object is not in the key
+    assert _facts(t1, meta=meta)[0] == f1[0]
     assert variants["device"][3] == 1 and variants["device"][4] == 1001 and variants["stream"][4] == 77
 
 
@@ -140,10 +140,13 @@ def test_metadata_is_initialised_or_refused(fake_kind, monkeypatch):
     meta, _ = gqadrv.get_mla_metadata()
     gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, out=o, lse=lse)
     assert meta.config == ("cfg",) and meta.num_splits == 3 and len(plan.launches) == 1
-    other = api.MlaSchedMeta(config=("another",), num_splits=3)  # same split hint, another configuration
-    with pytest.raises(gqadrv.NoGpuError):  # the full path (here: no GPU) raises; nothing launched
-        gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, other, out=o, lse=lse)
-    assert len(plan.launches) == 1
+    gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, out=o, lse=lse)   # initialised: same entry
+    assert len(plan.launches) == 2
+    for other in (api.MlaSchedMeta(config=("another",), num_splits=3),   # another configuration
+                  api.MlaSchedMeta(config=("cfg",), num_splits=5)):      # the layout's, another split count
+        with pytest.raises(gqadrv.NoGpuError):  # the full path (here: no GPU); nothing launched
+            gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, other, out=o, lse=lse)
+    assert len(plan.launches) == 2
 
 
 @pytest.mark.parametrize("case", ["out is q", "lse inside out", "lse inside q", "out overlaps k_cache", "k_cache misaligned",

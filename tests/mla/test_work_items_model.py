@@ -209,8 +209,9 @@ def test_uneven_batches_are_cut_near_the_even_share():
     """Where whole requests would leave some CTA more than 1/4 plus one merge above the even share
     (b = 90 on 132 or b = 100 on 66 CTAs, ramps, the bench's spread rows, short requests mixed with
     long ones), requests are cut: no CTA gets more than 1.25 even shares plus two requests' fixed
-    cost (the old rule kept requests of 1-1.25 chunks whole and left 1.5-1.7 shares on one CTA of the
-    spread rows)."""
+    cost (the bound of the widest snapping tolerance, chunk / 8; the default's chunk / 32 stays well
+    inside it; an older rule kept requests of 1-1.25 chunks whole and left 1.5-1.7 shares on one CTA
+    of the spread rows)."""
     cost = req_cost()
     b = 128
     cases = [([8192] * 90, 132), ([32768] * 100, 132), ([8192] * 100, 66), ([1000 + 97 * i for i in range(128)], 132),
@@ -267,23 +268,28 @@ def test_cut_loads_stay_within_the_snapping_tolerance(sched):
 
 
 def test_schedule_experiments_differ_from_the_default_where_meant():
-    """What each experiment changes on the bench's rows (CPU model; docs/MLA.md): chunk / 32 snapping
-    with the even / 16 whole-mode slack sends b = 110 uniform requests on 132 CTAs to the cut mode with
-    every CTA at the even share plus at most one boundary's tolerance (the default keeps them whole, 65
-    units against an even share of 55), and evens out the ramps; cut32 also cuts b = 128 uniform."""
+    """What the default and each experiment do on the bench's rows (CPU model; docs/MLA.md). The
+    default snaps within chunk / 32 and keeps the even / 4 whole-mode slack: b = 110 uniform requests on
+    132 CTAs stay whole (65 units against an even share of 55: cuts measured slower there), and the
+    ramp's busiest CTA is the one of chunk / 32 snapping (snap8, the rule before 2026-12-05, and snap16
+    leave more). snap32 (even / 16 slack) sends b = 110 to the cut mode with every CTA at the even share
+    plus one boundary's tolerance; cut32 also cuts b = 128 uniform."""
     cost = req_cost()
+    assert DEFAULT_SCHED == (5, 2, 1)
     lens110 = [8192] * 110
     ws = [cost + npairs(x) for x in lens110]
-    assert whole_k(ws, 132) == 1 and whole_k(ws, 132, SCHEDULE_EXPERIMENTS["snap32"]) == 0
+    assert whole_k(ws, 132) == 1 and whole_k(ws, 132, SCHEDULE_EXPERIMENTS["snap8"]) == 1
+    assert whole_k(ws, 132, SCHEDULE_EXPERIMENTS["snap32"]) == 0
     even = _even(lens110, 132)
     loads = [sum(it["npairs"] + cost for it in items_of(lens110, 132, p, cost, SCHEDULE_EXPERIMENTS["snap32"]))
              for p in range(132)]
     assert max(loads) <= even + (even >> 5) + cost < 65
     lens128 = [4096] * 128
+    assert whole_k([cost + npairs(x) for x in lens128], 132) == 1
     assert whole_k([cost + npairs(x) for x in lens128], 132, SCHEDULE_EXPERIMENTS["cut32"]) == 0
     ramp = [2048 + 12288 * i // 127 for i in range(128)]
     ramp = [ramp[(37 * i) % 128] for i in range(128)]
     worst = {}
     for name, sched in (("default", None), *SCHEDULE_EXPERIMENTS.items()):
         worst[name] = max(sum(it["npairs"] + cost for it in items_of(ramp, 132, p, cost, sched)) for p in range(132))
-    assert worst["snap32"] < worst["snap16"] < worst["default"], worst
+    assert worst["default"] == worst["snap32"] < worst["snap16"] < worst["snap8"], worst

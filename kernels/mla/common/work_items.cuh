@@ -15,19 +15,20 @@
 //   device at every launch:
 //   * whole requests, when every w_i <= (even + even / 4 + MERGE_COST) / k (uniform batches of 0.8 P
 //     to P requests or of about k P, and near-uniform ones such as lengths L + 2i): CTA p takes
-//     requests [k p, k (p + 1)), i.e. the units [C_{kp}, C_{k(p+1)}); no request is cut. The cut
-//     mode below can leave a CTA up to even + even / 4 (two boundaries moved outward by chunk / 8) and
-//     adds a partial, a ticket and a merge per cut; measured on the H200 (docs/MLA.md), cuts lost to
-//     whole requests at 1.18 even shares (b = 110 uniform on 132 CTAs, 4-10 %) and won on the ramps
-//     of lengths (11-19 %). The walker sees chunk = 0 and yields every item with nsplit 1.
+//     requests [k p, k (p + 1)), i.e. the units [C_{kp}, C_{k(p+1)}); no request is cut. A cut adds
+//     a partial, a ticket and a merge, which measured more than the model's fixed cost (docs/MLA.md):
+//     cuts lost to whole requests at 1.18 even shares (b = 110 uniform on 132 CTAs, 4-10 %, also with
+//     chunk / 32 snapping) and won on the ramps of lengths (11-19 %), hence the wide slack. The
+//     walker sees chunk = 0 and yields every item with nsplit 1.
 //   * cut: chunk = even, CTA p takes the units [B_p, B_{p+1}), B_q = snap(q chunk) (B_0 = 0, B_q = W
-//     for q chunk >= W): a boundary moves to the nearer end of its request only within chunk / 8
-//     units of it (no slivers), so every CTA gets about one chunk (at most 1.25 with the fixed costs)
-//     and one long request in a batch no longer runs on a single CTA. snap is monotone (it moves a
+//     for q chunk >= W): a boundary moves to the nearer end of its request only within chunk / 32
+//     units of it (MLA_SNAP_SHIFT; no slivers), so every CTA gets about one chunk (at most 1 + 1/16 with
+//     the fixed costs) and one long request in a batch no longer runs on a single CTA (chunk / 32
+//     since 2026-12-05: 1-6 % faster than chunk / 8 on the ramps, docs/MLA.md). snap is monotone (it moves a
 //     boundary only within its request, to the nearer end), so the ranges partition [0, W). The CTA
 //     holding unit x, cta(x), is floor(x / chunk) corrected for the two boundaries of x's request that
 //     may have moved (its first interior boundary to the start, its last to the end; a boundary
-//     further inside is more than chunk / 8 from both ends).
+//     further inside is more than the tolerance from both ends).
 //   A request with pairs is shared by nsplit = cta(last pair) - cta(f_i) + 1 CTAs; only a CTA's
 //   first and last item can be shared. A request without pairs (length 0) is answered by the CTA
 //   whose range holds C_i (out 0, lse +inf). Partial slots: CTA p's share of request i uses slot p + i of the group's (P + b)
@@ -48,7 +49,7 @@
 // request end within chunk >> MLA_SNAP_SHIFT units; the whole mode allows even >> MLA_WHOLE_SLACK_SHIFT
 // units above the even share (plus MERGE_COST); MLA_WHOLE_MODE 0 never takes it (cuts always).
 #ifndef MLA_SNAP_SHIFT
-#define MLA_SNAP_SHIFT 3
+#define MLA_SNAP_SHIFT 5
 #endif
 #ifndef MLA_WHOLE_SLACK_SHIFT
 #define MLA_WHOLE_SLACK_SHIFT 2
@@ -82,8 +83,8 @@ GQADRV_DEVICE int request_pairs(const MlaDecodeArgs& a, int req, int last_row, i
 }
 
 // Boundary x (C <= x < C + w, inside the request [C, C + w)) moved to the nearer end of the request
-// when it lies within chunk >> MLA_SNAP_SHIFT units of it (chunk / 8; the start on a tie), else x (see the
-// header comment).
+// when it lies within chunk >> MLA_SNAP_SHIFT units of it (chunk / 32; the start on a tie), else x (see
+// the header comment).
 GQADRV_DEVICE int snap_boundary(int x, int c, int w, int chunk) {
   const int tol = chunk >> MLA_SNAP_SHIFT;
   const int d0 = x - c, d1 = c + w - x;
