@@ -16,11 +16,13 @@ from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams, handed_back, new_output
+from ..runtime.module import launch_plans
+from ..ops import outputs as _outputs
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams
 from ..ops.prepared import PreparedDecode, prepare_streams
 from ..runtime import driver as _drv
 from ..runtime import tensors as _tensors
-from ..runtime.streams import device_hint, on_stream, order_fast, order_inputs, resolve_stream
+from ..runtime.streams import device_hint, order_fast, order_inputs, resolve_stream
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
 from . import plan as _plan
@@ -84,17 +86,15 @@ def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple |
 def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
     _key, ptrs, kind, dev, s, cur = facts
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
-    o = arr = None
+    o = None
     if out is None:
-        o, optr, arr = new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
-        ptrs = ptrs[:3] + (optr,)
+        o = _outputs.allocate(q, e.out_shape, e.out_dtype, dev, s, cur)
+        ptrs = ptrs[:3] + (o.ptr,)
     with e.lock:
         if not e.bind(ptrs):
             return _MISS
         e.launch()
-    if out is not None:
-        return out
-    return handed_back(kind, q, o, arr, s, dev)
+    return out if o is None else _outputs.hand_back(o, q, s, dev)
 
 
 def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) -> None:
@@ -116,7 +116,7 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
         tmaps = (TmapSlot(0, "kv_map", 1, _plan.kv_tensor_spec(problem, variant), plan.args.param_bytes("kv_map")),)
     _layouts.remember(key, LayoutEntry(
         (plan,), _FIELDS, _ALIGNS, tuple(spans), 3, tmaps, seen[:3] + (out_ptr,), dev, s, keep=(ws,),
-        out_shape=problem.q.shape, out_dtype=_tensors._np_dtype(problem.dtype)))
+        out_shape=problem.q.shape, out_dtype=problem.dtype))
 
 
 # ----------------------------------------------------------------------------- convenience API
@@ -203,17 +203,11 @@ def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, b
     problem = _contract.validate(q, kv, sequence_lengths, out, q_scale, stream=dl_stream, sm_scale=sm_scale)
     variant, loaded = _plan.route(problem, backend)
     splits = _plan.default_splits(problem, variant, loaded)
-    kind = facts[2] if facts is not None else None
-    o = arr = None
+    o = None
     if out is None:
-        if facts is not None and facts[3] == problem.device and facts[4] == s:
-            o, out_ptr, arr = new_output(kind, q, problem.q.shape, _tensors._np_dtype(problem.dtype), problem.device,
-                                         s, facts[5])
-        else:
-            kind = None
-            with on_stream(s, problem.device):
-                arr = o = _tensors.empty(problem.q.shape, problem.dtype, problem.device)
-            out_ptr = int(arr.data.ptr)
+        cur = facts[5] if facts is not None and facts[3] == problem.device and facts[4] == s else None
+        o = _outputs.allocate(q, problem.q.shape, problem.dtype, problem.device, s, cur)
+        out_ptr = o.ptr
     else:
         out_ptr = problem.out.ptr
     ws = None
@@ -222,23 +216,14 @@ def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, b
     if facts is not None:
         plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr, ws=ws, status_ptr=0, splits=splits,
                                   stream=s)
-        if _drv.multi_device():
-            with _drv.device_scope(problem.device):
-                plan.launch()
-        else:
-            plan.launch()
+        launch_plans((plan,), problem.device)
         _remember(facts, problem, variant, loaded, plan, ws, out_ptr)
     else:
         grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
         args = _plan.args_fields(problem, out_ptr, ws, 0, splits, variant, loaded)
         launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
                       _plan.param_values(problem, variant, args), problem.device)
-    if out is not None:
-        return out
-    if kind is None:
-        with on_stream(s, problem.device):
-            return _tensors.export_like(arr, q)
-    return handed_back(kind, q, o, arr, s, problem.device)
+    return out if o is None else _outputs.hand_back(o, q, s, problem.device)
 
 
 # ----------------------------------------------------------------------------- prepared API

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ops.layouts import LayoutCache, LayoutEntry, call_kind, call_streams, handed_back, new_output
+from ..ops import outputs as _outputs
+from ..ops.layouts import LayoutCache, LayoutEntry, call_kind, call_streams
 from ..runtime import tensors as _tensors
 from ..runtime.streams import order_fast
 
@@ -58,18 +59,14 @@ def launch_layout(e: LayoutEntry, facts: tuple, like, tensors: tuple, out, out_l
     MISS when the call must take the full path."""
     _key, ptrs, kind, dev, s, cur = facts
     order_fast(kind, tensors, dev, s, cur)
-    o = oarr = lo = larr = None
-    ptrs = list(ptrs)
-    if out is None:
-        o, ptrs[-2], oarr = new_output(kind, like, e.out_shape, e.out_dtype, dev, s, cur)
-    if out_lse is None:
-        lo, ptrs[-1], larr = new_output(kind, like, e.info, "float32", dev, s, cur, float32=True)
+    o = _outputs.allocate(like, e.out_shape, e.out_dtype, dev, s, cur) if out is None else None
+    lo = _outputs.allocate(like, e.info, "float32", dev, s, cur) if out_lse is None else None
     with e.lock:
-        if not e.bind(tuple(ptrs)):
+        if not e.bind(ptrs[:-2] + (ptrs[-2] if o is None else o.ptr, ptrs[-1] if lo is None else lo.ptr)):
             return MISS
         e.launch()
-    return (out if out is not None else handed_back(kind, like, o, oarr, s, dev),
-            out_lse if out_lse is not None else handed_back(kind, like, lo, larr, s, dev))
+    return (out if o is None else _outputs.hand_back(o, like, s, dev),
+            out_lse if lo is None else _outputs.hand_back(lo, like, s, dev))
 
 
 def remember(facts: tuple, problem, plan, table_offsets: tuple[int, int], vec16: bool, ptrs: tuple) -> None:
@@ -113,4 +110,4 @@ def remember(facts: tuple, problem, plan, table_offsets: tuple[int, int], vec16:
             aligns.append(4)
     layouts.remember(key, LayoutEntry(
         (plan,), tuple(fields), tuple(aligns), tuple(spans), (2 * k, 2 * k + 1), (), tuple(ptrs), dev, s,
-        out_shape=problem.out_shape, out_dtype=_tensors._np_dtype(problem.dtype), info=problem.lse_shape))
+        out_shape=problem.out_shape, out_dtype=problem.dtype, info=problem.lse_shape))

@@ -25,7 +25,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams, handed_back, new_output
+from ..ops import outputs as _outputs
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams
 from ..runtime import tensors as _tensors
 from ..runtime.module import TMAP
 from ..runtime.streams import order_fast
@@ -103,20 +104,17 @@ def launch_layout(e: LayoutEntry, facts: tuple, q, tensors: tuple, out, lse, wan
     _key, ptrs, kind, dev, s, cur = facts
     lse_shape = e.info
     order_fast(kind, tensors, dev, s, cur)
-    o = oarr = lo = larr = None
-    ptrs = list(ptrs)
-    if out is None:
-        o, ptrs[_OUT], oarr = new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
-    if want_lse and lse is None:
-        lo, ptrs[_LSE], larr = new_output(kind, q, lse_shape, "float32", dev, s, cur, float32=True)
+    o = _outputs.allocate(q, e.out_shape, e.out_dtype, dev, s, cur) if out is None else None
+    lo = _outputs.allocate(q, lse_shape, "float32", dev, s, cur) if want_lse and lse is None else None
+    ptrs = ptrs[:_OUT] + (ptrs[_OUT] if o is None else o.ptr, ptrs[_LSE] if lo is None else lo.ptr) + ptrs[_LSE + 1:]
     with e.lock:
-        if not e.bind(tuple(ptrs)):
+        if not e.bind(ptrs):
             return MISS
         e.launch()
-    o = out if out is not None else handed_back(kind, q, o, oarr, s, dev)
+    res = out if o is None else _outputs.hand_back(o, q, s, dev)
     if not want_lse:
-        return o
-    return o, (lse if lse is not None else handed_back(kind, q, lo, larr, s, dev))
+        return res
+    return res, (lse if lo is None else _outputs.hand_back(lo, q, s, dev))
 
 
 def remember(facts: tuple, problem, variant, plan, ws, ptrs: tuple, want_lse: bool, specs: tuple | None = None) -> None:
@@ -171,5 +169,5 @@ def remember(facts: tuple, problem, variant, plan, ws, ptrs: tuple, want_lse: bo
                  TmapSlot(0, names[1], v_slot, specs[1], plan.args.param_bytes(names[1]), offset=v_off))
     layouts.remember(key, LayoutEntry(
         (plan,), tuple(fields), tuple(aligns), tuple(spans), (_OUT, _LSE) if want_lse else (_OUT,), tmaps,
-        tuple(ptrs), dev, s, keep=(ws,), out_shape=problem.out_shape, out_dtype=_tensors._np_dtype(problem.dtype),
+        tuple(ptrs), dev, s, keep=(ws,), out_shape=problem.out_shape, out_dtype=problem.dtype,
         info=problem.lse_shape))

@@ -314,7 +314,8 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
         if facts is not None:
             e = _lp.layouts.get(facts[0])
             if e is not None:
-                r = _lp.launch_layout(e, facts, meta, q, k_cache, block_table, cache_seqlens, out, lse)
+                r = _lp.launch_layout(e, facts, meta, num_splits, q, k_cache, block_table, cache_seqlens, out,
+                                      lse)
                 if r is not _lp.MISS:
                     return r
     _check_dense_call("flash_mla_with_kvcache", block_table, cache_seqlens, sparse)

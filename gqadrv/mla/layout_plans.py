@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams, handed_back, new_output
+from ..ops import outputs as _outputs
+from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams
 from ..runtime import tensors as _tensors
 from ..runtime.module import TMAP
 from ..runtime.streams import order_fast
@@ -77,29 +78,25 @@ def call_facts(q, k_cache, block_table, cache_seqlens, out, lse, head_dim_v, sof
     return key, tuple(f[1] for f in facts), kind, dev, s, cur
 
 
-def launch_layout(e: LayoutEntry, facts: tuple, meta, q, k_cache, block_table, cache_seqlens, out, lse):
+def launch_layout(e: LayoutEntry, facts: tuple, meta, num_splits, q, k_cache, block_table, cache_seqlens, out, lse):
     """Launch the remembered plan for this call's tensors: (out, lse) as the full path returns them,
     or MISS when the call must take the full path."""
-    key, ptrs, kind, dev, s, cur = facts
+    _key, ptrs, kind, dev, s, cur = facts
     config, splits, lse_shape = e.info
     if meta is not None:
         if meta.config is None:
             meta.config, meta.num_splits = config, splits
-        elif meta.config != config or (key[-3] is None and meta.num_splits != splits):
+        elif meta.config != config or (num_splits is None and meta.num_splits != splits):
             return MISS  # another configuration (the full path raises), or the metadata's own split count
     order_fast(kind, (q, k_cache, block_table, cache_seqlens, out, lse), dev, s, cur)
-    o = oarr = lo = larr = None
-    optr, lptr = ptrs[4], ptrs[5]
-    if out is None:
-        o, optr, oarr = new_output(kind, q, e.out_shape, e.out_dtype, dev, s, cur)
-    if lse is None:
-        lo, lptr, larr = new_output(kind, q, lse_shape, "float32", dev, s, cur, float32=True)
+    o = _outputs.allocate(q, e.out_shape, e.out_dtype, dev, s, cur) if out is None else None
+    lo = _outputs.allocate(q, lse_shape, "float32", dev, s, cur) if lse is None else None
     with e.lock:
-        if not e.bind(ptrs[:4] + (optr, lptr)):
+        if not e.bind(ptrs[:4] + (ptrs[4] if o is None else o.ptr, ptrs[5] if lo is None else lo.ptr)):
             return MISS
         e.launch()
-    return (out if out is not None else handed_back(kind, q, o, oarr, s, dev),
-            lse if lse is not None else handed_back(kind, q, lo, larr, s, dev))
+    return (out if o is None else _outputs.hand_back(o, q, s, dev),
+            lse if lo is None else _outputs.hand_back(lo, q, s, dev))
 
 
 def remember(facts: tuple, problem, variant, plan, ws, views: tuple, ptrs: tuple, config: tuple, splits: int) -> None:
@@ -130,5 +127,5 @@ def remember(facts: tuple, problem, variant, plan, ws, views: tuple, ptrs: tuple
         tmaps = tuple(TmapSlot(0, n, 1, spec, plan.args.param_bytes(n)) for n, spec in zip(names, specs))
     layouts.remember(key, LayoutEntry(
         (plan,), _FIELDS, _ALIGNS, tuple(spans), _OUT_SLOTS, tmaps, tuple(ptrs), dev, s, keep=(ws,),
-        out_shape=(b, s_q, h_q, _ks.D_V), out_dtype=_tensors._np_dtype(problem.dtype),
+        out_shape=(b, s_q, h_q, _ks.D_V), out_dtype=problem.dtype,
         info=(config, splits, (b, h_q, s_q))))

@@ -21,17 +21,16 @@ interleave their arguments.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
 from ..runtime import tensormap as _tm
 from ..runtime import tensors as _tensors
 from ..runtime.module import LaunchPlan, launch_plans
-from ..runtime.streams import current_stream, on_stream, relaxed_capture_mode, resolve_stream
+from ..runtime.streams import current_stream, resolve_stream
 from .bounded import BoundedMap
 
-__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot", "call_kind", "call_streams", "handed_back", "new_output"]
+__all__ = ["LayoutCache", "LayoutEntry", "TmapSlot", "call_kind", "call_streams"]
 
 _encoded = BoundedMap(256)   # (spec, address) -> 128 bytes, for maps whose address field is not patchable
 
@@ -184,7 +183,7 @@ class LayoutCache:
         self._map.clear()
 
 
-# ----------------------------------------------------------------------------- the tensors, streams and outputs of a layout call
+# ----------------------------------------------------------------------------- the tensors and streams of a layout call
 def call_kind(inputs: tuple, optional: tuple = (), outputs: tuple = ()) -> str | None:
     """The fast-reader kind (runtime.tensors.fast_kind) of a call whose tensors the layout plans can
     serve, or None: every input of one exact type with a fast reader, optional inputs None or of that
@@ -216,34 +215,3 @@ def call_streams(kind: str, dev: int, stream: Any) -> tuple[int, int]:
         return s, s
     cur = current_stream(kind, dev)
     return (cur if stream is None else resolve_stream(stream, dev, kind)), cur
-
-
-def new_output(kind: str | None, q: Any, shape: tuple, np_dtype: Any, dev: int, s: int, cur: int,
-               float32: bool = False) -> tuple:
-    """(array handed back, its address, CuPy array to export or None): a new output on ``dev``,
-    stream-ordered on ``s``. torch inputs on torch's current stream get a torch tensor directly
-    (``q.new_empty``: torch's allocator, on q's device and that stream; ``float32``: of dtype
-    float32 instead of q's); otherwise CuPy allocates (handed back in q's framework by
-    ``handed_back``)."""
-    if kind == "torch" and s == cur:
-        o = q.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else q.new_empty(shape)
-        return o, o.data_ptr(), None
-    cp = sys.modules.get("cupy")
-    if cp is None:
-        import cupy as cp
-    with relaxed_capture_mode():  # CuPy's pool may have to grow while s is being captured
-        if kind == "cupy" and s == cur and cp.cuda.runtime.getDevice() == dev:
-            a = cp.empty(shape, np_dtype)
-        else:
-            with cp.cuda.Device(dev), on_stream(s, dev):
-                a = cp.empty(shape, np_dtype)
-    return a, a.data.ptr, a
-
-
-def handed_back(kind: str | None, q: Any, o: Any, arr: Any, s: int, dev: int) -> Any:
-    """What a layout call returns for a new output from ``new_output``: ``o`` itself, or the CuPy
-    array exported to q's framework (stream-ordered on ``s``)."""
-    if arr is None or kind == "cupy":
-        return o
-    with on_stream(s, dev):
-        return _tensors.export_like(arr, q)

@@ -1,4 +1,5 @@
-"""New output arrays in the caller's framework, for the elementwise op families (FP8 quantizers).
+"""New output arrays in the caller's framework, for every op's convenience calls (full paths and the
+layout-keyed plans of ``ops.layouts``).
 
 ``allocate(like, shape, dtype, device, stream)`` gives an output the caller did not pass: a torch
 tensor from torch's allocator when ``like`` is a torch tensor and the launch runs on torch's current
@@ -14,7 +15,7 @@ import sys
 from typing import Any
 
 from ..runtime import tensors as _tensors
-from ..runtime.streams import current_stream, on_stream
+from ..runtime.streams import current_stream, on_stream, relaxed_capture_mode
 
 __all__ = ["NewOutput", "allocate", "hand_back"]
 
@@ -26,13 +27,24 @@ class NewOutput:
     cupy: Any         # the CuPy array to export (None for torch allocations)
 
 
-def allocate(like: Any, shape: tuple[int, ...], dtype: str, device: int, stream: int) -> NewOutput:
+def allocate(like: Any, shape: tuple[int, ...], dtype: str, device: int, stream: int,
+             current: int | None = None) -> NewOutput:
+    """``current``: the current stream of like's framework on ``device`` when the caller already
+    knows it (the layout-keyed plans: ``streams.current_stream``); a CuPy ``like`` on CuPy's current
+    stream and device then allocates without switching streams or devices."""
+    fw = _tensors.framework_of(like)
     torch = sys.modules.get("torch")
-    if _tensors.framework_of(like) == "torch" and torch is not None and stream == current_stream("torch", device):
+    if fw == "torch" and torch is not None and stream == (current_stream("torch", device) if current is None
+                                                          else current):
         t = like.new_empty(shape, dtype=getattr(torch, dtype))
         return NewOutput(int(t.data_ptr()), t, None)
-    with on_stream(stream, device):
-        arr = _tensors.empty(shape, dtype, device)
+    cp = sys.modules.get("cupy")
+    if fw == "cupy" and stream == current and cp is not None and cp.cuda.runtime.getDevice() == device:
+        with relaxed_capture_mode():  # CuPy's pool may have to grow while the stream is being captured
+            arr = cp.empty(shape, _tensors._np_dtype(dtype))
+    else:
+        with on_stream(stream, device):
+            arr = _tensors.empty(shape, dtype, device)
     return NewOutput(int(arr.data.ptr), None, arr)
 
 

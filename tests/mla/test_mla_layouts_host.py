@@ -105,7 +105,7 @@ def _remembered(t, monkeypatch, meta_config=("cfg",), splits=1):
     tmaps = tuple(layouts.TmapSlot(0, n, 1, s, pack.param_bytes(n)) for n, s in zip(("k_lo", "k_hi"), specs))
     spans = tuple((0, x.a.nbytes) for x in t)
     e = layouts.LayoutEntry((plan,), lp._FIELDS, lp._ALIGNS, spans, lp._OUT_SLOTS, tmaps, ptrs, facts[3], facts[4],
-                            out_shape=(B, S_Q, H_Q, 512), out_dtype=np.float16,
+                            out_shape=(B, S_Q, H_Q, 512), out_dtype="float16",
                             info=(meta_config, splits, (B, H_Q, S_Q)))
     lp.layouts.remember(facts[0], e)
     return e, plan
