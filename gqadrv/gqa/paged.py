@@ -90,10 +90,7 @@ def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
         return None
     if problem.kv8 and problem.head_dim < _routes.E4M3_TMA_MIN_HEAD_DIM:
         return None
-    tok = _routes.tiling_for("paged_tma", problem.head_dim, problem.kv8).tok
-    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.kv8,
-           problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride,
-           problem.tok_stride, problem.head_stride, tok)
+    tok, key = _tma_key(problem)
     hit = _tmaps.get(key)
     if hit is None:
         specs = _tma_specs(problem, tok)
@@ -110,12 +107,17 @@ def tma_maps(problem: PagedProblem) -> tuple[bytes, bytes] | None:
 
 def tma_map_specs(problem: PagedProblem) -> tuple[TmaSpec, TmaSpec] | None:
     """The specs of the maps ``tma_maps`` gave for this problem (kept with them), or None."""
-    tok = _routes.tiling_for("paged_tma", problem.head_dim, problem.kv8).tok
-    key = (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.kv8,
-           problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride,
-           problem.tok_stride, problem.head_stride, tok)
+    tok, key = _tma_key(problem)
     hit = _tmaps.get(key)
     return hit[1] if hit is not None else _tma_specs(problem, tok)
+
+
+def _tma_key(problem: PagedProblem) -> tuple[int, tuple]:
+    """(the TMA route's tokens per box row, the tensor-map cache key: addresses and geometry)."""
+    tok = _routes.tiling_for("paged_tma", problem.head_dim, problem.kv8).tok
+    return tok, (problem.device, problem.k_ptr, problem.v_ptr, problem.layout, problem.dtype, problem.kv8,
+                 problem.head_dim, problem.num_kv_heads, problem.page_size, problem.num_pages, problem.page_stride,
+                 problem.tok_stride, problem.head_stride, tok)
 
 
 def route(problem: PagedProblem, backend: str | None,
@@ -330,13 +332,10 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
                                       q_scale, sm_scale, deterministic, num_splits, stream, backend, kv_dtype, k_scale,
                                       v_scale)
     want_lse = return_lse is True or lse is not None
-    if facts is not None:
-        e = _paged_layouts.layouts.get(facts[0])
-        if e is not None:
-            r = _paged_layouts.launch_layout(e, facts, q, (q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale,
-                                                           v_scale), out, lse, want_lse)
-            if r is not _paged_layouts.MISS:
-                return r
+    r = _paged_layouts.try_layout(facts, q, (q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale),
+                                  out, lse, want_lse)
+    if r is not _paged_layouts.MISS:
+        return r
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
@@ -345,8 +344,6 @@ def gqa_decode_paged(q: DLPackArray, k_cache: DLPackArray, v_cache: DLPackArray 
                                   stream)
     problem = validate_paged(q, k_cache, v_cache, block_table, seq_lens, kv_layout, out, lse, q_scale, sm_scale,
                              stream=dl_stream, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
-    if facts is not None and (facts[3] != problem.device or facts[4] != s):
-        facts = None
     return run_convenience(problem, s, q, want_lse, deterministic, splits_req, b, out, lse, facts)
 
 
@@ -358,21 +355,15 @@ def contiguous_decode(q: Any, kv: Any, lengths: Any, *, out: Any, lse: Any, retu
     facts = _paged_layouts.call_facts(q, kv, None, None, lengths, out, lse, "contiguous", return_lse, q_scale,
                                       sm_scale, deterministic, None, stream, backend, kv_dtype, k_scale, v_scale)
     want_lse = return_lse is True or lse is not None
-    if facts is not None:
-        e = _paged_layouts.layouts.get(facts[0])
-        if e is not None:
-            r = _paged_layouts.launch_layout(e, facts, q, (q, kv, lengths, out, lse, k_scale, v_scale), out, lse,
-                                             want_lse)
-            if r is not _paged_layouts.MISS:
-                return r
+    r = _paged_layouts.try_layout(facts, q, (q, kv, lengths, out, lse, k_scale, v_scale), out, lse, want_lse)
+    if r is not _paged_layouts.MISS:
+        return r
     _check_flags(return_lse, deterministic)
     check_scale_pair(q_scale, sm_scale)
     b = _routes.check_backend(backend)
     s, dl_stream = launch_streams(q, (q, kv, lengths, out, lse, k_scale, v_scale), stream)
     problem = contiguous_problem(q, kv, lengths, out, lse, q_scale, sm_scale, stream=dl_stream, kv_dtype=kv_dtype,
                                  k_scale=k_scale, v_scale=v_scale)
-    if facts is not None and (facts[3] != problem.device or facts[4] != s):
-        facts = None
     return run_convenience(problem, s, q, want_lse, deterministic, None, b, out, lse, facts)
 
 

@@ -32,7 +32,7 @@ from ..runtime.module import TMAP
 from ..runtime.streams import order_fast
 from . import routes as _routes
 
-__all__ = ["MISS", "call_facts", "launch_layout", "layouts", "remember"]
+__all__ = ["MISS", "call_facts", "launch_layout", "layouts", "remember", "try_layout"]
 
 layouts = LayoutCache(1024)
 MISS = object()
@@ -96,6 +96,14 @@ def call_facts(q, k_cache, v_cache, block_table, seq_lens, out, lse, kv_layout, 
     key = ("paged", kind, *(f[0] for f in facts), dev, kv_layout, want_lse, q_scale, sm_scale, deterministic,
            num_splits, backend, kv_dtype, nums, _routes.tuning_env(), s)
     return key, tuple(f[1] for f in facts), kind, dev, s, cur
+
+
+def try_layout(facts: tuple | None, q, tensors: tuple, out, lse, want_lse: bool) -> Any:
+    """The call served by its layout's plan (``launch_layout``), or MISS (no facts, no entry, or refused)."""
+    if facts is None:
+        return MISS
+    e = layouts.get(facts[0])
+    return MISS if e is None else launch_layout(e, facts, q, tensors, out, lse, want_lse)
 
 
 def launch_layout(e: LayoutEntry, facts: tuple, q, tensors: tuple, out, lse, want_lse: bool) -> Any:
