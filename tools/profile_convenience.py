@@ -256,6 +256,22 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         fw.sync()
         print(f"cProfile of 2000 same-layout / new-pointer calls ({fw.name}):")
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    if a.profile_first and fw.name == a.profile_fw:
+        sets = []
+        for i in range(a.layouts):  # capacities not seen before (the first-call rows used C + 128 (i + 1))
+            c = C + 128 * (a.layouts + i + 1)
+            sets.append((fw.zeros((B, Hq, D)), fw.zeros((B, 2, Hkv, c, D)), fw.lens(B, c)))
+        fw.sync()
+        prof = cProfile.Profile()
+        prof.enable()
+        for t in sets:
+            dec(*t)
+        prof.disable()
+        fw.sync()
+        print(f"cProfile of {a.layouts} first calls of new layouts ({fw.name}):")
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(30)
+        st.sort_stats("cumulative").print_stats(40)
     return res
 
 
@@ -332,7 +348,9 @@ def main() -> int:
     ap.add_argument("--mla-heads", type=int, default=16, help="h_q of the MLA rows (h_kv 1)")
     ap.add_argument("--mla-len", type=int, default=1024, help="tokens per request of the MLA rows (page 64)")
     ap.add_argument("--profile", action="store_true", help="cProfile 2000 new-pointer calls (top 25 by own time)")
-    ap.add_argument("--profile-fw", default="cupy", help="framework profiled by --profile")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="cProfile the first calls of --layouts new layouts (top 30 by own time, 40 by cumulative)")
+    ap.add_argument("--profile-fw", default="cupy", help="framework profiled by --profile / --profile-first")
     a = ap.parse_args()
     import gqadrv
 

@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mla-also", nargs="*", default=[],
                    help="more gqadrv MLA backends timed in the same rows (results 'gqadrv:NAME')")
     p.add_argument("--rounds", type=int, default=1,
-                   help="time every provider of a row this many times in turn and keep the median of the rounds "
-                        "(spreads clock and order effects evenly over the providers)")
+                   help="time every provider of a row this many times in turn and keep the median of the rounds; "
+                        "the providers' order rotates by one each round (spreads clock and order effects evenly)")
 
 
 def _import_peers(args) -> None:
@@ -141,26 +141,39 @@ def _run_row(item, timer: Timer, args) -> dict:
                 res["flashinfer"] = {}
             except Exception as exc:  # noqa: BLE001
                 res["flashinfer"] = {"error": repr(exc)[:300]}
-    rounds = max(1, int(getattr(args, "rounds", 1) or 1))
-    times: dict = {name: ([], []) for name in calls}
-    for _ in range(rounds):  # every provider once per round, in the same order
-        for name, (fn, graph_torch) in calls.items():
-            try:
-                times[name][0].append(timer.hot(fn, graph_torch))
-                times[name][1].append(timer.cold(fn))
-            except Exception as exc:  # noqa: BLE001
-                res[name] = {"error": repr(exc)[:300]}
-    for name, (hot, cold) in times.items():
-        if "error" not in res[name] and hot:
-            res[name].update({"hot_us": statistics.median(hot), "cold_us": statistics.median(cold)})
-            if rounds > 1:
-                res[name].update({"hot_rounds_us": hot, "cold_rounds_us": cold})
+    time_rounds(calls, timer, max(1, int(getattr(args, "rounds", 1) or 1)), res)
     for v in res.values():
         if "hot_us" in v:
             v["hot_TFLOPS"], v["hot_TBps"] = _metrics(h_q, s_q, lens, b, v["hot_us"])
             v["cold_TFLOPS"], v["cold_TBps"] = _metrics(h_q, s_q, lens, b, v["cold_us"])
     label = f"b{b} s_q{s_q} h_q{h_q} L{L}{'' if kind == 'uniform' else ' ' + kind}"
     return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "results": res}
+
+
+def time_rounds(calls: dict, timer, rounds: int, res: dict) -> None:
+    """Time every provider of ``calls`` (name -> (fn, uses a torch graph)) hot and cold once per round
+    and store the medians in ``res[name]`` (plus the per-round lists when rounds > 1). The providers'
+    order rotates by one each round, so that no provider always runs first: with a fixed order, two
+    identical schedules differed by up to 3.5 % depending on their place in it. A provider that raises
+    gets ``res[name] = {"error": ...}`` and is not timed again."""
+    order = list(calls)
+    times: dict = {name: ([], []) for name in order}
+    for rnd in range(rounds):
+        k = rnd % len(order) if order else 0
+        for name in order[k:] + order[:k]:
+            if "error" in res.get(name, {}):
+                continue
+            fn, graph_torch = calls[name]
+            try:
+                times[name][0].append(timer.hot(fn, graph_torch))
+                times[name][1].append(timer.cold(fn))
+            except Exception as exc:  # noqa: BLE001
+                res[name] = {"error": repr(exc)[:300]}
+    for name, (hot, cold) in times.items():
+        if "error" not in res.get(name, {}) and hot and len(hot) == len(cold):
+            res.setdefault(name, {}).update({"hot_us": statistics.median(hot), "cold_us": statistics.median(cold)})
+            if rounds > 1:
+                res[name].update({"hot_rounds_us": hot, "cold_rounds_us": cold})
 
 
 def format_table(meta: dict, rows: list) -> str:

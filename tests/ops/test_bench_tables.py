@@ -47,3 +47,43 @@ def test_mla_table():
     assert lines[3] == ("| b128 | 271.7 | 500 | 2.00 | 290.3 | 240.1 / 500 / 2.00 | 261.5 / 500 / 2.00 | 0.88 | 0.90 | "
                         "seesaw_tma / 1 |")
     assert lines[4] == "| b128 s_q2 | 561.7 | 500 | 2.00 | 590.6 | - | - | - | - | seesaw_tma / 1 |"
+
+
+def test_mla_rounds_rotate_the_provider_order_and_keep_medians():
+    """Each round starts with the next provider (no provider always runs first); medians per provider;
+    a provider that raises is reported and not timed again."""
+    seen = []
+
+    class Timer:
+        def hot(self, fn, graph_torch):
+            return fn()
+
+        def cold(self, fn):
+            return 10.0
+
+    vals = {"a": iter([1.0, 3.0, 2.0]), "b": iter([5.0, 4.0, 6.0]), "c": iter([7.0, 7.0, 7.0])}
+
+    def provider(name):
+        def fn():
+            seen.append(name)
+            if name == "boom":
+                raise RuntimeError("no")
+            return next(vals[name])
+        return fn
+
+    calls = {n: (provider(n), False) for n in ("a", "b", "c")}
+    res: dict = {"a": {"route": "r"}}
+    mla_bench.time_rounds(calls, Timer(), 3, res)
+    assert seen == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # the order rotated each round
+    assert res["a"]["route"] == "r"
+    assert res["a"]["hot_us"] == 2.0 and res["b"]["hot_us"] == 5.0 and res["c"]["hot_us"] == 7.0
+    assert res["a"]["hot_rounds_us"] == [1.0, 3.0, 2.0]
+    assert res["b"]["hot_rounds_us"] == [5.0, 4.0, 6.0]  # b's rounds, in b's own order
+
+    seen.clear()
+    vals["c"] = iter([7.0, 7.0])
+    res = {}
+    mla_bench.time_rounds({"boom": (provider("boom"), False), "c": (provider("c"), False)}, Timer(), 2, res)
+    assert "error" in res["boom"] and "hot_us" not in res["boom"]
+    assert seen.count("boom") == 1
+    assert res["c"]["hot_rounds_us"] == [7.0, 7.0]
