@@ -5,7 +5,8 @@
 # their targets. Summaries go to $OUT (default ./evidence); steps can be picked: tests bench trace tune ncu
 # (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes), and for MLA: mla_bench (the MLA
 # table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
-# folder), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
+# folder, or after the fmla step, which builds it from a carried .fmla/ or .fmla.txz), mla_rounds (the
+# same table, --rounds 2, providers in a rotating order), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
 # (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
 # (`bench --op gqa_paged` with FlashInfer's paged wrappers), fp8_bench (`bench --op gqa_fp8`: the
 # FP8-e4m3 KV paged decode against our fp16 one and FlashInfer's fp8 / fp16 paged decode on the
@@ -42,8 +43,21 @@ for step in $STEPS; do
          { grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40; tail -5 "$OUT/tests.log"; } > "$OUT/tests.txt"
          rm -f "$OUT/tests.log" ;;
   bench) python3 -m gqadrv bench --no-geometry --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 ;;
+  fmla) # build FlashMLA (the MLA peer) from the carried folder of ../shared/tools/peer_flashmla_prepare.sh,
+        # .fmla/ or its archive .fmla.txz (tar -cJf: ~1.5 MB instead of ~30 MiB of the 64 MiB carry), and put
+        # it on FMLA for the later steps of this call (mla_bench, mla_rounds); ~2 min on 16 cores
+        src=.fmla
+        if [ ! -d .fmla ] && [ -f .fmla.txz ]; then mkdir -p /tmp/fmla_x && tar -xJf .fmla.txz -C /tmp/fmla_x; src=/tmp/fmla_x/.fmla; fi
+        if [ ! -d "$src/FlashMLA" ]; then echo "no .fmla/ or .fmla.txz carried" > "$OUT/fmla.txt"; continue; fi
+        set +f; python3 -m pip install -q --no-index --no-deps --target /tmp/nj "$src"/wheels/*.whl > "$OUT/fmla.txt" 2>&1; set -f
+        ( cd "$src/FlashMLA" && PATH=/tmp/nj/bin:$PATH PYTHONPATH=/tmp/nj CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl \
+            FLASH_MLA_DISABLE_SM100=1 MAX_JOBS=14 NVCC_THREADS=2 python3 setup.py build_ext --inplace ) >> "$OUT/fmla.txt" 2>&1
+        rc=$?; [ $rc = 0 ] && FMLA=$(cd "$src/FlashMLA" && pwd); echo "FlashMLA build rc $rc FMLA=${FMLA:-}" >> "$OUT/fmla.txt" ;;
   mla_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --reps 10 \
                --json "$OUT/mla_bench.json" > "$OUT/mla_bench.txt" 2>&1 ;;
+  mla_rounds) # the MLA table with both peers, providers timed twice in a rotating order (run fmla first)
+              PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --rounds 2 --reps 10 \
+                --json "$OUT/mla_rounds.json" > "$OUT/mla_rounds.txt" 2>&1 ;;
   mla_sched) # the balanced grid's schedule experiments (kernel_spec.SCHEDULE_EXPERIMENTS) beside the default,
              # same rows, rounds interleaved: seesaw_bal at h_q 64 / 128, narrow16_bal at h_q 16
              for fam in seesaw_bal:64,128 narrow16_bal:16; do
@@ -123,7 +137,7 @@ for step in $STEPS; do
   esac
 done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
-tail -20 "$OUT/mla_bench.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
+tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null; head -60 "$OUT/mla_fp8_src.txt" 2>/dev/null
