@@ -85,34 +85,46 @@ def encode_tiled(spec: TmaSpec) -> bytes:
     return _encode(spec)
 
 
+_ENUMS: dict = {}  # driver enum members by our names, looked up once (not at every encoding)
+
+
+def _enums(drv) -> dict:
+    e = _ENUMS.get(id(drv))
+    if e is None:
+        T, SW, L2, OOB = drv.CUtensorMapDataType, drv.CUtensorMapSwizzle, drv.CUtensorMapL2promotion, drv.CUtensorMapFloatOOBfill
+        e = _ENUMS[id(drv)] = {
+            "dtype": {
+                "uint8": T.CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                "uint16": T.CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                "uint32": T.CU_TENSOR_MAP_DATA_TYPE_UINT32,
+                "int32": T.CU_TENSOR_MAP_DATA_TYPE_INT32,
+                "float16": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                "bfloat16": T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                "float32": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            },
+            "swizzle": {
+                "none": SW.CU_TENSOR_MAP_SWIZZLE_NONE,
+                "32b": SW.CU_TENSOR_MAP_SWIZZLE_32B,
+                "64b": SW.CU_TENSOR_MAP_SWIZZLE_64B,
+                "128b": SW.CU_TENSOR_MAP_SWIZZLE_128B,
+            },
+            "l2": {
+                "none": L2.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                "64b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+                "128b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                "256b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            },
+            "oob": (OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE, OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA),
+            "interleave": drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        }
+    return e
+
+
 def _encode(spec: TmaSpec) -> bytes:
     drv = _drv.driver()
-    T = drv.CUtensorMapDataType
-    dtype = {
-        "uint8": T.CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        "uint16": T.CU_TENSOR_MAP_DATA_TYPE_UINT16,
-        "uint32": T.CU_TENSOR_MAP_DATA_TYPE_UINT32,
-        "int32": T.CU_TENSOR_MAP_DATA_TYPE_INT32,
-        "float16": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        "bfloat16": T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        "float32": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-    }[spec.dtype]
-    SW = drv.CUtensorMapSwizzle
-    swizzle = {
-        "none": SW.CU_TENSOR_MAP_SWIZZLE_NONE,
-        "32b": SW.CU_TENSOR_MAP_SWIZZLE_32B,
-        "64b": SW.CU_TENSOR_MAP_SWIZZLE_64B,
-        "128b": SW.CU_TENSOR_MAP_SWIZZLE_128B,
-    }[spec.swizzle]
-    L2 = drv.CUtensorMapL2promotion
-    l2 = {
-        "none": L2.CU_TENSOR_MAP_L2_PROMOTION_NONE,
-        "64b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
-        "128b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        "256b": L2.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-    }[spec.l2_promotion]
-    OOB = drv.CUtensorMapFloatOOBfill
-    oob = OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA if spec.oob_nan else OOB.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+    e = _enums(drv)
+    dtype, swizzle, l2 = e["dtype"][spec.dtype], e["swizzle"][spec.swizzle], e["l2"][spec.l2_promotion]
+    oob = e["oob"][1 if spec.oob_nan else 0]
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
     rank = len(spec.dims)
     es = spec.element_strides or (1,) * rank
@@ -124,8 +136,8 @@ def _encode(spec: TmaSpec) -> bytes:
             [u64(d) for d in spec.dims],
             [u64(s) for s in spec.strides],
             [u32(b) for b in spec.box],
-            [u32(e) for e in es],
-            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            [u32(x) for x in es],
+            e["interleave"],
             swizzle,
             l2,
             oob,
