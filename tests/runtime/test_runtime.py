@@ -136,3 +136,68 @@ def test_signature_layout_and_packing():
         pack.set("desc", b"short")
     with pytest.raises(TypeError, match="takes 5 arguments"):
         pack.pack(1, 2)
+
+
+def test_encode_passes_the_driver_enums_and_sizes(monkeypatch):
+    """_encode (CPU, a fake driver module): every spec field reaches cuTensorMapEncodeTiled as the
+    driver's enum member / typed value, with the enum tables built once per driver module."""
+    import ctypes
+    import enum
+    import types
+
+    from gqadrv.runtime import driver as drv_mod
+    from gqadrv.runtime import tensormap
+
+    def enum_of(name, *members):
+        return enum.Enum(name, {m: i + 1 for i, m in enumerate(members)})
+
+    calls = []
+    desc = ctypes.create_string_buffer(bytes(range(128)), 128)
+
+    class Map:
+        def getPtr(self):
+            return ctypes.addressof(desc)
+
+    class U64(int):
+        pass
+
+    class U32(int):
+        pass
+
+    fake = types.SimpleNamespace(
+        CUtensorMapDataType=enum_of("T", *(f"CU_TENSOR_MAP_DATA_TYPE_{n}" for n in
+                                           ("UINT8", "UINT16", "UINT32", "INT32", "FLOAT16", "BFLOAT16", "FLOAT32"))),
+        CUtensorMapSwizzle=enum_of("SW", *(f"CU_TENSOR_MAP_SWIZZLE_{n}" for n in ("NONE", "32B", "64B", "128B"))),
+        CUtensorMapL2promotion=enum_of("L2", "CU_TENSOR_MAP_L2_PROMOTION_NONE", "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+                                       "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"),
+        CUtensorMapFloatOOBfill=enum_of("OOB", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+                                        "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"),
+        CUtensorMapInterleave=enum_of("IL", "CU_TENSOR_MAP_INTERLEAVE_NONE"),
+        cuuint64_t=U64, cuuint32_t=U32,
+        cuTensorMapEncodeTiled=lambda *a: (calls.append(a) or (0, Map())),
+    )
+    monkeypatch.setattr(drv_mod, "driver", lambda: fake)
+    monkeypatch.setattr(drv_mod, "check", lambda r, what: r[1])
+    monkeypatch.setattr(tensormap, "_ENUMS", {})
+    spec = TmaSpec(dtype="bfloat16", address=0x7000_0000, dims=(64, 300, 9, 5), strides=(1152, 64 * 1152, 1152 * 64 * 9),
+                   box=(64, 64, 4, 1), swizzle="64b", l2_promotion="256b", oob_nan=True)
+    assert tensormap._encode(spec) == bytes(range(128))
+    spec2 = TmaSpec(dtype="uint8", address=0x7000_0400, dims=(128, 16), strides=(656,), box=(128, 16),
+                    element_strides=(1, 2))
+    tensormap._encode(spec2)
+    (a, b) = calls
+    assert a[0] is fake.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 and a[1] == 4 and a[2] == 0x7000_0000
+    assert [type(x) for x in a[3]] == [U64] * 4 and list(a[3]) == [64, 300, 9, 5]
+    assert [type(x) for x in a[4]] == [U64] * 3 and list(a[4]) == [1152, 64 * 1152, 1152 * 64 * 9]
+    assert [type(x) for x in a[5]] == [U32] * 4 and list(a[5]) == [64, 64, 4, 1]
+    assert list(a[6]) == [1, 1, 1, 1] and [type(x) for x in a[6]] == [U32] * 4
+    assert a[7] is fake.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE
+    assert a[8] is fake.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B
+    assert a[9] is fake.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+    assert a[10] is fake.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+    assert b[0] is fake.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8 and b[1] == 2
+    assert list(b[6]) == [1, 2]
+    assert b[8] is fake.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    assert b[9] is fake.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE
+    assert b[10] is fake.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+    assert len(tensormap._ENUMS) == 1  # built once for this driver module
