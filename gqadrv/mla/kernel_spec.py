@@ -298,8 +298,26 @@ def schedule_experiments() -> dict:
     return out
 
 
+def l2_experiments() -> dict:
+    """``<variant>_ef`` for every variant whose K tiles arrive by TMA (the TMA seesaw and narrow kernels,
+    split and balanced grids): the same build with MLA_K_EVICT_FIRST=1 (an L2 evict-first policy on
+    the K loads, as FlashMLA's; experiment, {EXPERIMENTS_ENV}=1)."""
+    out = {}
+    for base in [k for k in KERNELS.values() if k.tma_boxes and k.name not in _EXPERIMENT_NAMES]:
+        name = f"{base.name}_ef"
+        out[name] = dataclasses.replace(
+            base, name=name, doc=f"{base.name} with an L2 evict-first policy on the K loads (experiment, "
+                                 f"{EXPERIMENTS_ENV}=1)",
+            fixed_defines=base.fixed_defines + (("MLA_K_EVICT_FIRST", 1),))
+    return out
+
+
+_EXPERIMENT_NAMES: set = set()
 if os.environ.get(EXPERIMENTS_ENV) == "1":
-    KERNELS.update(schedule_experiments())
+    _exp = schedule_experiments()
+    _exp.update(l2_experiments())
+    _EXPERIMENT_NAMES.update(_exp)
+    KERNELS.update(_exp)
 
 
 def kernel(variant: str) -> KernelVariant:

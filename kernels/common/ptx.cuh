@@ -210,6 +210,15 @@ GQADRV_DEVICE void tma_load_5d(u32 dst, const TmaDesc* desc, u32 bar, int c0, in
       "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
+// 5-D tiled TMA load into shared memory, completing on an mbarrier, with an L2 cache policy.
+GQADRV_DEVICE void tma_load_5d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, int c2, int c3, int c4,
+                               u64 policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;" ::"r"(dst),
+      "l"(desc), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy)
+      : "memory");
+}
 // Prefetch a 4-D tile into L2 (no shared memory, no barrier): fire and forget.
 GQADRV_DEVICE void tma_prefetch_l2_4d(const TmaDesc* desc, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(desc),

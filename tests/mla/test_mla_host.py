@@ -325,3 +325,25 @@ def test_lazy_running_max_is_off_for_max_logits_launches():
     assert updates and set(updates) == {"lazy_max"}, updates
     plan_src = (Path(__file__).resolve().parents[2] / "gqadrv" / "mla" / "plan.py").read_text()
     assert re.search(r"_ks\.FLAG_MAX_LOGITS if problem\.max_offset is not None", plan_src)
+
+
+def test_l2_evict_first_experiment_variants(isolated_cache):
+    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_ef for exactly the variants whose K tiles arrive by
+    TMA (MLA_K_EVICT_FIRST=1 on top of their defines); their K loads carry an L2 cache policy, the
+    default builds' do not."""
+    from gqadrv.mla import kernel_spec
+    from gqadrv.runtime.compiler import compile_module
+
+    ef = kernel_spec.l2_experiments()
+    tma = {k.name for k in kernel_spec.KERNELS.values() if k.tma_boxes and not k.name.endswith("_ef")
+           and k.name not in kernel_spec._EXPERIMENT_NAMES}
+    assert {n[:-3] for n in ef} == tma and {"seesaw_bal", "narrow16_bal"} <= tma
+    for name, v in ef.items():
+        base = kernel_spec.KERNELS[name[:-3]]
+        assert v.fixed_defines == base.fixed_defines + (("MLA_K_EVICT_FIRST", 1),)
+        assert (v.source, v.entry, v.smem_bytes, v.tma_boxes) == (base.source, base.entry, base.smem_bytes, base.tma_boxes)
+    for name in ("seesaw_bal", "narrow16_bal"):
+        for v, hinted in ((kernel_spec.KERNELS[name], False), (ef[name + "_ef"], True)):
+            m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
+            ptx = m.ptx.decode()
+            assert ("L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_first" in ptx) == hinted, name

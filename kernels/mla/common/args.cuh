@@ -19,6 +19,9 @@
 #ifndef MLA_NOPE
 #define MLA_NOPE 0  // 1 = d_qk 512 (no RoPE channels: q and K rows of 512; channel block 8 zero-filled)
 #endif
+#ifndef MLA_K_EVICT_FIRST
+#define MLA_K_EVICT_FIRST 0  // 1 = the TMA K loads carry an L2 evict-first policy (mla_tma_k_5d)
+#endif
 #ifndef MLA_SMEM_BYTES
 #error "MLA_SMEM_BYTES not defined (dynamic shared memory the host launches with)"
 #endif

@@ -39,6 +39,17 @@ constexpr int NCB = D_QK / 64;              // 9 channel blocks of 64 channels (
 GQADRV_DEVICE u32 swz(int row, int unit) { return (u32)(row * 128 + ((unit ^ (row & 7)) << 4)); }
 
 // floor(n * s / S) without 64-bit division (r * s < S * S <= MLA_MAX_SPLITS^2 fits 32 bits).
+// One 5-D TMA load of K (the TMA seesaw's half tiles, the narrow kernels' channel-block pieces):
+// with MLA_K_EVICT_FIRST the lines carry an L2 evict-first policy (every tile is streamed once per
+// row block, as FlashMLA's K loads are), else no cache hint.
+GQADRV_DEVICE void mla_tma_k_5d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, int c2, int c3, int c4) {
+#if MLA_K_EVICT_FIRST
+  tma_load_5d(dst, desc, bar, c0, c1, c2, c3, c4, l2_policy_evict_first());
+#else
+  tma_load_5d(dst, desc, bar, c0, c1, c2, c3, c4);
+#endif
+}
+
 GQADRV_DEVICE int split_point(int n, int s, int S) {
   const int q = n / S, r = n - q * S;
   return q * s + (r * s) / S;

@@ -328,7 +328,7 @@ GQADRV_DEVICE TileSrc tile_src(const MlaDecodeArgs& a, const i32* bt_row, int ti
 template <int C0, int C1>
 GQADRV_DEVICE void tma_half(u32 slot, u32 bar, const TmaDesc* km, const TileSrc& src, int kvh) {
   mbar_arrive_expect_tx(bar, (u32)(C1 - C0) * CB);
-  tma_load_5d(slot + (u32)C0 * CB, km, bar, 0, src.off, C0, kvh, src.blk);
+  mla_tma_k_5d(slot + (u32)C0 * CB, km, bar, 0, src.off, C0, kvh, src.blk);
 }
 #endif
 

@@ -176,7 +176,7 @@ GQADRV_DEVICE void tma_tile_pieces(u32 ring, u32 full0, u32 empty0, const TmaDes
     const u32 full = full0 + 8u * (u32)slot;
     mbar_wait_wd(empty0 + 8u * (u32)slot, ph ^ 1u);
     mbar_arrive_expect_tx(full, PIECE);
-    tma_load_5d(ring + (u32)slot * PIECE, k_cb, full, 0, off, c, kvh, page);
+    mla_tma_k_5d(ring + (u32)slot * PIECE, k_cb, full, 0, off, c, kvh, page);
     if (++slot == NSLOT) {
       slot = 0;
       ph ^= 1u;
