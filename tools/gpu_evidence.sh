@@ -6,7 +6,7 @@
 # (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes), and for MLA: mla_bench (the MLA
 # table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
 # folder, or after the fmla step, which builds it from a carried .fmla/ or .fmla.txz), mla_rounds (the
-# same table, --rounds 2, providers in a rotating order), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
+# same table, --rounds 2, providers in a rotating order), mla_routes16 (h_q 16: seesaw against the narrow route), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
 # (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
 # (`bench --op gqa_paged` with FlashInfer's paged wrappers), fp8_bench (`bench --op gqa_fp8`: the
 # FP8-e4m3 KV paged decode against our fp16 one and FlashInfer's fp8 / fp16 paged decode on the
@@ -58,6 +58,13 @@ for step in $STEPS; do
   mla_rounds) # the MLA table with both peers, providers timed twice in a rotating order (run fmla first)
               PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --rounds 2 --reps 10 \
                 --json "$OUT/mla_rounds.json" > "$OUT/mla_rounds.txt" 2>&1 ;;
+  mla_routes16) # h_q 16: the seesaw (split and balanced grids) beside the narrow route, with the peers when
+                # importable (run fmla first for FlashMLA): the route for M <= 16 was chosen on the H200 before
+                # the balanced grids existed, and an H100 run (2026-12-05) measured the seesaw 1-4 % faster
+                PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --rounds 3 --reps 10 \
+                  --mla-also seesaw_bal seesaw_tma narrow16x2_tma --mla-rows 128,1,16,4096 128,1,16,8192 \
+                  128,1,16,16384 128,1,16,32768 128,1,16,8192,varlen 128,1,16,4096,skew 64,1,16,8192 \
+                  --json "$OUT/mla_routes16.json" > "$OUT/mla_routes16.txt" 2>&1 ;;
   mla_sched) # the balanced grid's schedule experiments (kernel_spec.SCHEDULE_EXPERIMENTS) beside the default,
              # same rows, rounds interleaved: seesaw_bal at h_q 64 / 128, narrow16_bal at h_q 16
              for fam in seesaw_bal:64,128 narrow16_bal:16; do
@@ -137,7 +144,7 @@ for step in $STEPS; do
   esac
 done
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
-tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
+tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; grep -E "^\|" "$OUT/mla_routes16.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null; head -60 "$OUT/mla_fp8_src.txt" 2>/dev/null
