@@ -6,7 +6,8 @@
 # (NCU_SHAPES="B,C[,lengths] ..." replaces the ncu step's shapes), and for MLA: mla_bench (the MLA
 # table; FlashMLA joins when a built flash_mla package is on PYTHONPATH, e.g. FMLA=/path/to/built
 # folder, or after the fmla step, which builds it from a carried .fmla/ or .fmla.txz), mla_rounds (the
-# same table, --rounds 2, providers in a rotating order), mla_routes16 (h_q 16: seesaw against the narrow route), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
+# same table, --rounds 2, providers in a rotating order), mla_routes16 (h_q 16: the seesaw against the
+# narrow route), mla_modes (tools/mla_launch_modes.py: stream vs graph, PDL on / off), mla_sanitize
 # (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
 # (`bench --op gqa_paged` with FlashInfer's paged wrappers), fp8_bench (`bench --op gqa_fp8`: the
 # FP8-e4m3 KV paged decode against our fp16 one and FlashInfer's fp8 / fp16 paged decode on the
