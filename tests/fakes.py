@@ -82,3 +82,12 @@ class RecordingPlan:
 
     def launch(self, stream=None):
         self.launches.append(self.args.bytes())
+
+
+def assert_layout_keys_differ(variants: dict, base_key) -> None:
+    """Every variant's layout key (``variants[name][0]``: a call-facts tuple) differs from ``base_key``
+    and from every other variant's key."""
+    keys = {name: f[0] for name, f in variants.items()}
+    for name, key in keys.items():
+        assert key != base_key, name
+    assert len(set(keys.values())) == len(keys)

@@ -213,13 +213,17 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         for args in pool_out:
             dec(*args[:3], out=args[3])
         put("newptr_out", _median_cycle(lambda x, y, z, w: dec(x, y, z, out=w), pool_out, a.calls, a.rounds, fw.sync))
-    # first calls of new layouts: distinct capacities, all pre-allocated
-    firsts = []
-    for i in range(a.layouts):
-        c = C + 128 * (i + 1)
-        t = (fw.zeros((B, Hq, D)), fw.zeros((B, 2, Hkv, c, D)), fw.lens(B, c))
-        firsts.append(lambda t=t: dec(*t))
-    fw.sync()
+    def new_layouts(first: int) -> list:
+        """a.layouts tensor sets of capacities C + 128 (first + 1), C + 128 (first + 2), ..., all pre-allocated"""
+        sets = []
+        for i in range(first, first + a.layouts):
+            c = C + 128 * (i + 1)
+            sets.append((fw.zeros((B, Hq, D)), fw.zeros((B, 2, Hkv, c, D)), fw.lens(B, c)))
+        fw.sync()
+        return sets
+
+    # first calls of new layouts: distinct capacities
+    firsts = [lambda t=t: dec(*t) for t in new_layouts(0)]
     put("first_layout", _median_each(firsts, fw.sync))
     try:
         from gqadrv.gqa import api
@@ -257,11 +261,7 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         print(f"cProfile of 2000 same-layout / new-pointer calls ({fw.name}):")
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if a.profile_first and fw.name == a.profile_fw:
-        sets = []
-        for i in range(a.layouts):  # capacities not seen before (the first-call rows used C + 128 (i + 1))
-            c = C + 128 * (a.layouts + i + 1)
-            sets.append((fw.zeros((B, Hq, D)), fw.zeros((B, 2, Hkv, c, D)), fw.lens(B, c)))
-        fw.sync()
+        sets = new_layouts(a.layouts)  # capacities the first-call rows did not use
         prof = cProfile.Profile()
         prof.enable()
         for t in sets:

@@ -282,12 +282,13 @@ assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_byt
 # always (the default: chunk / 32 with even / 4, docs/MLA.md).
 SCHEDULE_EXPERIMENTS = {"snap8": (3, 2, 1), "snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0)}
 EXPERIMENTS_ENV = "GQADRV_MLA_EXPERIMENTS"
+DEFAULT_VARIANTS = tuple(KERNELS.values())  # the variants experiments are derived from (never experiments)
 
 
 def schedule_experiments() -> dict:
     """The experiment variants (name -> KernelVariant) derived from every balanced variant."""
     out = {}
-    for base in [k for k in KERNELS.values() if k.balanced]:
+    for base in [k for k in DEFAULT_VARIANTS if k.balanced]:
         for suffix, (snap, slack, whole) in SCHEDULE_EXPERIMENTS.items():
             name = f"{base.name}_{suffix}"
             out[name] = dataclasses.replace(
@@ -303,7 +304,7 @@ def l2_experiments() -> dict:
     split and balanced grids): the same build with MLA_K_EVICT_FIRST=1 (an L2 evict-first policy on
     the K loads, as FlashMLA's; experiment, {EXPERIMENTS_ENV}=1)."""
     out = {}
-    for base in [k for k in KERNELS.values() if k.tma_boxes and k.name not in _EXPERIMENT_NAMES]:
+    for base in [k for k in DEFAULT_VARIANTS if k.tma_boxes]:
         name = f"{base.name}_ef"
         out[name] = dataclasses.replace(
             base, name=name, doc=f"{base.name} with an L2 evict-first policy on the K loads (experiment, "
@@ -312,12 +313,9 @@ def l2_experiments() -> dict:
     return out
 
 
-_EXPERIMENT_NAMES: set = set()
 if os.environ.get(EXPERIMENTS_ENV) == "1":
-    _exp = schedule_experiments()
-    _exp.update(l2_experiments())
-    _EXPERIMENT_NAMES.update(_exp)
-    KERNELS.update(_exp)
+    KERNELS.update(schedule_experiments())
+    KERNELS.update(l2_experiments())
 
 
 def kernel(variant: str) -> KernelVariant:

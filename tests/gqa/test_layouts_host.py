@@ -17,7 +17,7 @@ from gqadrv.runtime import driver as _drv
 from gqadrv.runtime import tensormap as tm
 from gqadrv.runtime import tensors as _tensors
 from gqadrv.runtime.module import ArgPack
-from tests.fakes import FakeCudaArray, register_fast_kind
+from tests.fakes import FakeCudaArray, assert_layout_keys_differ, register_fast_kind
 
 
 # ----------------------------------------------------------------------------- fake encoders
@@ -229,10 +229,7 @@ def test_key_is_the_layout_not_the_addresses(fake_kind, monkeypatch):
     }
     monkeypatch.setenv("GQADRV_TILING", "4,16,2")
     variants["tuning env"] = api._call_facts(q, kv, lens, None, 1.0, None, None, None)
-    keys = {name: f[0] for name, f in variants.items()}
-    for name, k in keys.items():
-        assert k != base, name
-    assert len(set(keys.values())) == len(keys)
+    assert_layout_keys_differ(variants, base)
     assert variants["device"][3] == 1 and variants["device"][4] == 1001  # that device's current stream
     assert variants["stream"][4] == 77
 

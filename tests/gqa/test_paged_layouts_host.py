@@ -17,7 +17,8 @@ from gqadrv.gqa import routes as _routes
 from gqadrv.gqa.paged_args import GQA_PAGED_ARGS, SIG_PAGED_TMA
 from gqadrv.gqa.paged_contract import validate_paged
 from gqadrv.runtime.module import ArgPack
-from tests.fakes import FakeCudaArray, RecordingPlan, aligned, fake_layout_calls, plain_tensor_map
+from tests.fakes import (FakeCudaArray, RecordingPlan, aligned, assert_layout_keys_differ, fake_layout_calls,
+                         plain_tensor_map)
 
 
 class FakeT(FakeCudaArray):
@@ -77,10 +78,7 @@ def test_key_is_the_layout_not_the_addresses(fake_kind):
         "kv_dtype": _facts(t1, kv_dtype="e4m3"),
         "numeric k_scale": _facts(t1, k_scale=0.5),
     }
-    keys = {name: f[0] for name, f in variants.items()}
-    for name, key in keys.items():
-        assert key != f1[0], name
-    assert len(set(keys.values())) == len(keys)
+    assert_layout_keys_differ(variants, f1[0])
     assert _facts(t1, k_scale=0.5)[0] != _facts(t1, k_scale=0.25)[0]
 
 

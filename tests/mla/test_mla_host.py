@@ -335,8 +335,7 @@ def test_l2_evict_first_experiment_variants(isolated_cache):
     from gqadrv.runtime.compiler import compile_module
 
     ef = kernel_spec.l2_experiments()
-    tma = {k.name for k in kernel_spec.KERNELS.values() if k.tma_boxes and not k.name.endswith("_ef")
-           and k.name not in kernel_spec._EXPERIMENT_NAMES}
+    tma = {k.name for k in kernel_spec.DEFAULT_VARIANTS if k.tma_boxes}
     assert {n[:-3] for n in ef} == tma and {"seesaw_bal", "narrow16_bal"} <= tma
     for name, v in ef.items():
         base = kernel_spec.KERNELS[name[:-3]]

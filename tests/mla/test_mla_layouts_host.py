@@ -18,7 +18,7 @@ from gqadrv.mla.args import SIG_TMA
 from gqadrv.ops import layouts
 from gqadrv.runtime import tensormap as tm
 from gqadrv.runtime.module import ArgPack
-from tests.fakes import FakeCudaArray, RecordingPlan, aligned, fake_layout_calls
+from tests.fakes import FakeCudaArray, RecordingPlan, aligned, assert_layout_keys_differ, fake_layout_calls
 
 
 class FakeT(FakeCudaArray):
@@ -68,10 +68,7 @@ def test_key_is_the_layout_not_the_addresses(fake_kind):
         "backend": _facts(t1, backend="seesaw"),
         "stream": _facts(t1, stream=77),
     }
-    keys = {name: f[0] for name, f in variants.items()}
-    for name, key in keys.items():
-        assert key != f1[0], name
-    assert len(set(keys.values())) == len(keys)
+    assert_layout_keys_differ(variants, f1[0])
     assert _facts(t1, meta=api.MlaSchedMeta())[0] == f1[0]  # the metadata object is not in the key
     assert _facts(t1, meta=meta)[0] == f1[0]
     assert variants["device"][3] == 1 and variants["device"][4] == 1001 and variants["stream"][4] == 77

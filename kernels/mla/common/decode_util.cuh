@@ -38,7 +38,6 @@ constexpr int NCB = D_QK / 64;              // 9 channel blocks of 64 channels (
 // Byte offset of 16-byte unit `unit` (0..7) of row `row` in a 128B-swizzled block of 128-byte rows.
 GQADRV_DEVICE u32 swz(int row, int unit) { return (u32)(row * 128 + ((unit ^ (row & 7)) << 4)); }
 
-// floor(n * s / S) without 64-bit division (r * s < S * S <= MLA_MAX_SPLITS^2 fits 32 bits).
 // One 5-D TMA load of K (the TMA seesaw's half tiles, the narrow kernels' channel-block pieces):
 // with MLA_K_EVICT_FIRST the lines carry an L2 evict-first policy (every tile is streamed once per
 // row block, as FlashMLA's K loads are), else no cache hint.
@@ -50,6 +49,7 @@ GQADRV_DEVICE void mla_tma_k_5d(u32 dst, const TmaDesc* desc, u32 bar, int c0, i
 #endif
 }
 
+// floor(n * s / S) without 64-bit division (r * s < S * S <= MLA_MAX_SPLITS^2 fits 32 bits).
 GQADRV_DEVICE int split_point(int n, int s, int S) {
   const int q = n / S, r = n - q * S;
   return q * s + (r * s) / S;
