@@ -5,9 +5,11 @@ on the GPU), B1 Hq32 Hkv8 D128 C1024 fp16 unless told otherwise:
 * same layout, new pointers: a pool of ``--pool`` pre-allocated tensor sets (q, kv, lengths[, out])
   cycled through, so every call sees other addresses than the call before (allocation is not timed);
 * first call of a new layout: ``--layouts`` pre-allocated sets of distinct capacities, each called
-  once after warm-up (kernels loaded), each call timed on its own (median); and the first call
-  after forgetting the layout plans (``api._layouts.clear()``, same tensors: routes and tensor maps
-  warm), also timed per call;
+  once after warm-up (kernels loaded), each call timed on its own (median): members of the layout
+  family of the warm-up calls (gqa/layout_family.py); the first call after forgetting the layout
+  plans (``api._layouts.clear()``, same tensors: routes and tensor maps warm; a family member
+  again), and after forgetting the families too (the full path: validation and building), also
+  timed per call;
 * ``launch_prepared(p)`` (CuPy and torch; JAX outputs cannot be written in place);
 * JAX only: a jitted ``gqadrv.jax.gqa_decode`` over the pool (XLA dispatch + the callback, whose XLA
   buffers take the layout plans), and a jitted trivial op on the same arrays (XLA's dispatch alone).
@@ -47,6 +49,7 @@ CASES = [
     ("newptr_out", "same layout, new pointers, out given"),
     ("first_layout", "first call of a new layout (new shapes)"),
     ("first_after_clear", "first call after clearing the layout plans (same tensors)"),
+    ("first_new_family", "first call after clearing the layout plans and families (same tensors)"),
     ("launch_prepared", "launch_prepared(p)"),
     ("jit_call", "jax.jit(gqadrv.jax.gqa_decode), new arrays every call"),
     ("jit_baseline", "jax.jit(lambda q, kv, lens: q * 1) (XLA dispatch alone)"),
@@ -233,6 +236,16 @@ def measure(fw: Fw, a, gqadrv) -> dict:
         layouts = None
     if layouts is not None:
         put("first_after_clear", _median_each([lambda: dec(q, kv, lens)] * a.layouts, fw.sync, before=layouts.clear))
+        try:
+            from gqadrv.gqa import layout_family
+        except ImportError:
+            layout_family = None
+        if layout_family is not None:
+            def forget():
+                layouts.clear()
+                layout_family.families.clear()
+
+            put("first_new_family", _median_each([lambda: dec(q, kv, lens)] * a.layouts, fw.sync, before=forget))
     if mutable:
         p = gqadrv.prepare_gqa_decode(Q=q, KV=kv, O=o, sequence_lengths=lens)
         warm(lambda: gqadrv.launch_prepared(p))

@@ -3,7 +3,8 @@
 The full path of a convenience call (first call of a layout: ingestion, validation, routing, split
 count, argument packing, tensor map, the layout entry) and the layout-plan path of repeated calls are
 run on fake device arrays (tests/fakes.py: numpy buffers that say they live on a CUDA device), read the
-way CuPy arrays are read (attributes, no DLPack capsule), with every GPU-facing step stubbed: the
+way CuPy arrays are read (attributes, no DLPack capsule), with every GPU-facing step stubbed
+(tests/host_stubs.py): the
 driver (init, device facts, launch configuration, cuLaunchKernelEx), module loading, tensor-map
 encoding (a fixed 128-byte pattern holding the address), workspace allocation and stream queries.
 What is left is the Python work that dominates these paths on the GPU host too, so relative changes
@@ -13,7 +14,7 @@ a few microseconds each there). `tools/profile_convenience.py` measures the real
     python tools/profile_host_cpu.py [--op gqa|mla|paged|merge] [--calls 200] [--profile]
 
 Prints the median µs per call of: the first call of each of ``--calls`` new layouts (distinct
-capacities for GQA, batch sizes for MLA, pool sizes for the paged decode, row counts for the merge),
+capacities for GQA: members of a known layout family, gqa/layout_family.py, unless ``--no-families``, batch sizes for MLA, pool sizes for the paged decode, row counts for the merge),
 and the same calls again (layout plans, new addresses each call); ``--profile`` adds a cProfile of
 the first-call loop (top 25 by own time).
 """
@@ -21,13 +22,11 @@ the first-call loop (top 25 by own time).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import pstats
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,86 +35,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.fakes import FakeCudaArray, aligned, register_fast_kind  # noqa: E402
-
-
-class FakeT(FakeCudaArray):
-    """A fake device array of the fast readers' registered kind."""
-
-
-def stub_gpu(mp: pytest.MonkeyPatch) -> None:
-    """Replace every GPU-facing step the convenience paths take (see the module docstring)."""
-    from gqadrv.gqa import api as gqa_api
-    from gqadrv.gqa import contract as gqa_contract
-    from gqadrv.gqa import merge, merge_layouts, paged, paged_contract, paged_layouts
-    from gqadrv.ops import contract as ops_contract
-    from gqadrv.mla import api as mla_api
-    from gqadrv.mla import contract as mla_contract
-    from gqadrv.mla import layout_plans as mla_lp
-    from gqadrv.ops import kernels, workspace
-    from gqadrv.runtime import driver, module, streams, tensormap, tensors
-
-    register_fast_kind(mp, FakeT)
-    for mod in (gqa_api, mla_lp, paged_layouts, merge_layouts):
-        mp.setattr(mod, "order_fast", lambda *a: None)
-    for mod in (paged, merge):
-        mp.setattr(mod, "launch_streams", lambda first, tensors, stream: (int(stream or 7), int(stream or 7)))
-    mp.setattr(driver, "ensure_init", lambda: None)
-    info = types.SimpleNamespace(cc=(9, 0), sm_count=132, name="H200 (stub)", l2_bytes=60 << 20)
-    mp.setattr(driver, "device_info", lambda d: info)
-
-    class Kernel:
-        name, function = "stub", 1
-
-        def ensure_dynamic_smem(self, n):
-            pass
-
-    loaded = types.SimpleNamespace(kernel=Kernel(), ctas_per_sm=1, arch="sm_90a")
-    mp.setattr(kernels, "load", lambda variant, device: loaded)
-    mp.setattr(merge, "load", lambda variant, device: loaded)
-    mp.setattr(driver, "device_scope", lambda device: contextlib.nullcontext())
-    mp.setattr(tensormap, "_encode", lambda spec: bytes(16) + spec.address.to_bytes(8, "little") + bytes(104))
-    mp.setattr(tensormap, "_offset_state", [])
-    mp.setattr(streams, "is_capturing", lambda s: False)
-    for mod in (gqa_api, mla_api):
-        mp.setattr(mod, "order_inputs", lambda t, d, s: s)
-    mp.setattr(mla_api, "on_stream", lambda s, d: contextlib.nullcontext())
-
-    class Ws:
-        nbytes = 0
-
-        def ptr(self, name):
-            return 0x9000_0000
-
-    mp.setattr(workspace, "pooled", lambda *a, **k: Ws())
-    mp.setattr(module.LaunchPlan, "launch", lambda self, stream=None: None)
-
-    class Drv:
-        class CUlaunchConfig:
-            pass
-
-        class CUlaunchAttribute:
-            def __init__(self):
-                self.value, self.id = types.SimpleNamespace(), 0
-
-        class CUlaunchAttributeID:
-            CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1
-
-        cuLaunchKernelEx = None
-
-    mp.setattr(driver, "driver", lambda: Drv)
-
-    def cupy_like_view(obj, name, *, stream=None, dtype=None, cupy_ordered=False):
-        a = obj.a
-        npdt = a.dtype
-        dt = dtype or tensors._DT_NAMES.get(npdt) or tensors._DT_NAMES.setdefault(npdt, tensors._dtype_name(npdt))
-        it = npdt.itemsize
-        return tensors.TensorView(obj, name, a.__array_interface__["data"][0], a.shape,
-                                  tuple(st // it for st in a.strides), dt, it, obj.device, "cupy")
-
-    for mod in (gqa_contract, mla_contract, paged_contract, ops_contract):
-        mp.setattr(mod, "as_view", cupy_like_view)
-    mp.setattr(streams, "resolve_stream", lambda stream, device=0, framework=None: int(stream or 7))
+from tests.fakes import aligned  # noqa: E402
+from tests.host_stubs import FakeT, stub_gpu  # noqa: E402
 
 
 def gqa_sets(n: int) -> list:
@@ -161,12 +82,14 @@ def main() -> int:
     ap.add_argument("--op", choices=("gqa", "mla", "paged", "merge"), default="gqa")
     ap.add_argument("--calls", type=int, default=200, help="new layouts timed (first calls), then again")
     ap.add_argument("--profile", action="store_true", help="cProfile the first-call loop (top 25 by own time)")
+    ap.add_argument("--no-families", action="store_true",
+                    help="gqa: forget the layout families before every first call (the full path every time)")
     a = ap.parse_args()
     mp = pytest.MonkeyPatch()
     stub_gpu(mp)
     import gqadrv
     from gqadrv.gqa import api as gqa_api
-    from gqadrv.gqa import merge_layouts, paged_layouts
+    from gqadrv.gqa import layout_family, merge_layouts, paged_layouts
     from gqadrv.mla import layout_plans
 
     if a.op == "paged":
@@ -202,15 +125,19 @@ def main() -> int:
     layouts.clear()
     prof = cProfile.Profile() if a.profile else None
 
-    def each(ts):
+    forget = layout_family.families.clear if a.no_families and a.op == "gqa" else (lambda: None)
+
+    def each(ts, first=False):
         out = []
         for t in ts:
+            if first:
+                forget()
             t0 = time.perf_counter()
             call(t)
             out.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(out)
 
-    first = each(sets[5:])
+    first = each(sets[5:], first=True)
     again = each(sets[5:])
     print(f"{a.op}: first call of a new layout {first:.1f} us, the same layouts again (layout plans) {again:.1f} us "
           f"(median of {a.calls}; CPU, GPU steps stubbed)")
@@ -218,6 +145,7 @@ def main() -> int:
         layouts.clear()
         prof.enable()
         for t in sets[5:]:
+            forget()
             call(t)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)

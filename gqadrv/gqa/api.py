@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..runtime.module import launch_plans
+from ..runtime.module import LaunchPlan, launch_plans
 from ..ops import outputs as _outputs
 from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams
 from ..ops.prepared import PreparedDecode, prepare_streams
@@ -25,6 +25,7 @@ from ..runtime import tensors as _tensors
 from ..runtime.streams import device_hint, order_fast, order_inputs, resolve_stream
 from ..types import ArrayT, Backend, DLPackArray, OutT, StreamLike
 from . import contract as _contract
+from . import layout_family as _family
 from . import plan as _plan
 from . import routes as _routes
 from .kv_dtype import fp8_args_given, kv_is_8bit
@@ -97,14 +98,9 @@ def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
     return out if o is None else _outputs.hand_back(o, q, s, dev)
 
 
-def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) -> None:
-    """Keep the plan of a validated call under its layout key, when the full path saw exactly
-    the facts the key was made of (device, stream, addresses)."""
-    key, ptrs, _kind, dev, s, _cur = facts
+def _layout_entry(problem, variant, plan, ws, out_ptr: int, dev: int, s: int) -> LayoutEntry:
+    """The layout entry of a validated call: its plan, where each address goes, the address rules."""
     views = (problem.q, problem.kv, problem.lengths)
-    seen = (problem.q.ptr, problem.kv.ptr, problem.lengths.ptr, problem.out.ptr if problem.out is not None else 0)
-    if problem.device != dev or plan.stream != s or seen[:3] != ptrs[:3] or (ptrs[3] and seen[3] != ptrs[3]):
-        return
     spans = [(lo - v.ptr, hi - v.ptr) for v in views for lo, hi in (v.byte_range(),)]
     if problem.out is not None:
         lo, hi = problem.out.byte_range()
@@ -114,9 +110,89 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
     tmaps = ()
     if variant.family.uses_tma:
         tmaps = (TmapSlot(0, "kv_map", 1, _plan.kv_tensor_spec(problem, variant), plan.args.param_bytes("kv_map")),)
-    _layouts.remember(key, LayoutEntry(
-        (plan,), _FIELDS, _ALIGNS, tuple(spans), 3, tmaps, seen[:3] + (out_ptr,), dev, s, keep=(ws,),
-        out_shape=problem.q.shape, out_dtype=problem.dtype))
+    ptrs = (problem.q.ptr, problem.kv.ptr, problem.lengths.ptr, out_ptr)
+    return LayoutEntry((plan,), _FIELDS, _ALIGNS, tuple(spans), 3, tmaps, ptrs, dev, s, keep=(ws,),
+                       out_shape=problem.q.shape, out_dtype=problem.dtype)
+
+
+def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) -> None:
+    """Keep the plan of a validated call under its layout key, and its problem and entry as the
+    template of the layout's family (gqa.layout_family), when the full path saw exactly the facts
+    the key was made of (device, stream, addresses)."""
+    key, ptrs, _kind, dev, s, _cur = facts
+    seen = (problem.q.ptr, problem.kv.ptr, problem.lengths.ptr, problem.out.ptr if problem.out is not None else 0)
+    if problem.device != dev or plan.stream != s or seen[:3] != ptrs[:3] or (ptrs[3] and seen[3] != ptrs[3]):
+        return
+    e = _layouts.remember(key, _layout_entry(problem, variant, plan, ws, out_ptr, dev, s))
+    side = _plan.route_side(dev, problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim)
+    _family.remember(key, problem, side, (variant, loaded, e))
+
+
+def _family_call(facts: tuple, q, kv, lens, out, backend):
+    """First call of a new layout of a known family (gqa.layout_family); _MISS (nothing launched)
+    when the layout is not a member, its family is unknown or an address rule fails."""
+    key, ptrs, kind, dev, s, cur = facts
+    split = _family.split_key(key)
+    fam = None if split is None else _family.families.get(split[0])
+    if fam is None:
+        return _MISS
+    _fk, B, C = split
+    t = fam.template
+    Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
+    side = _plan.route_side(dev, B, Hkv, C, D)
+    built = fam.built.get(side)
+    o = None
+    if built is None:  # the family's first member on this route side: built from the template's problem
+        problem = _family.member_problem(t, B, C, (q, kv, lens, out), ptrs)
+        variant, loaded = _plan.route(problem, backend)
+        splits = _plan.default_splits(problem, variant, loaded)
+        ws = None
+        if splits > 1:
+            ws = _workspace.pooled(dev, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
+        out_ptr = ptrs[3]
+        if out is None:
+            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
+            out_ptr = o.ptr
+        plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr, ws=ws, status_ptr=0, splits=splits,
+                                  stream=s)
+        e = _layout_entry(problem, variant, plan, ws, out_ptr, dev, s)
+        if not e.check(e.ptrs):  # alignment, out overlapping an input: the full path raises the error
+            return _MISS
+        fam.built.setdefault(side, (variant, loaded, e))
+    else:  # a copy of a built member's arguments with the size fields, addresses and tensor map rewritten
+        variant, loaded, base = built
+        splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
+        ws = None
+        if splits > 1:
+            ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
+        itemsize = t.q.itemsize
+        q_bytes, kv_bytes = B * Hq * D * itemsize, B * 2 * Hkv * C * D * itemsize
+        spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
+        out_ptr = ptrs[3]
+        if out is None:
+            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
+            out_ptr = o.ptr
+        ptrs = ptrs[:3] + (out_ptr,)
+        if not base.check(ptrs, spans):
+            return _MISS
+        with base.lock:
+            args = base.plans[0].args.copy()
+        for name, v in _plan.size_fields(dev, kv_bytes, B, Hkv, C, variant, loaded, splits, ws).items():
+            args.set_field("args." + name, v)
+        tmaps = ()
+        if variant.family.uses_tma:
+            spec = _plan.kv_spec(t.dtype, ptrs[1], B, Hkv, C, D, variant.tiling.tok)
+            encoded = _plan.encoded_map(spec)
+            args.set("kv_map", encoded)
+            tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
+        grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
+        plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=s, pdl=True)
+        e = base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, Hq, D))
+    order_fast(kind, (q, kv, lens, out), dev, s, cur)
+    with e.lock:
+        e.launch()
+    _layouts.remember(key, e)
+    return out if o is None else _outputs.hand_back(o, q, s, dev)
 
 
 # ----------------------------------------------------------------------------- convenience API
@@ -173,10 +249,10 @@ def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *
     facts = _call_facts(q, kv, sequence_lengths, out, q_scale, sm_scale, stream, backend)
     if facts is not None:
         e = _layouts.get(facts[0])  # (a layout key includes the dtypes: an FP8 cache never hits)
-        if e is not None:
-            r = _launch_layout(e, facts, q, kv, sequence_lengths, out)
-            if r is not _MISS:
-                return r
+        r = (_family_call(facts, q, kv, sequence_lengths, out, backend) if e is None
+             else _launch_layout(e, facts, q, kv, sequence_lengths, out))
+        if r is not _MISS:
+            return r
     if kv_is_8bit(kv):
         return _paged_contiguous(q, kv, sequence_lengths, out, lse, return_lse, deterministic, q_scale, sm_scale,
                                  stream, backend, kv_dtype, k_scale, v_scale)

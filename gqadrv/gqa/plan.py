@@ -22,8 +22,9 @@ from . import routes as _routes
 from .args import GQA_FLAG_L2_EVICT_FIRST, GQA_FLAG_L2_PREFETCH
 from .contract import GqaProblem
 
-__all__ = ["args_fields", "build_launch", "default_splits", "flags", "kv_tensor_map", "kv_tensor_spec", "param_values", "route",
-           "scale_log2", "workspace_sizes", "WORKSPACE_ZERO"]
+__all__ = ["args_fields", "build_launch", "default_splits", "encoded_map", "flags", "flags_for", "kv_spec", "kv_tensor_map",
+           "kv_tensor_spec", "param_values", "route", "route_side", "scale_log2", "size_fields", "workspace_sizes",
+           "workspace_sizes_for", "WORKSPACE_ZERO"]
 
 _LN2 = math.log(2.0)
 _routes_cache = BoundedMap(1024)
@@ -32,18 +33,23 @@ _tmaps = BoundedMap(512)
 WORKSPACE_ZERO = ("counters",)  # counters must be zero before the first launch; the kernels keep them so
 
 
+def route_side(device: int, batch: int, num_kv_heads: int, capacity: int, head_dim: int) -> tuple[bool, bool]:
+    """What the route depends on besides dtype, heads, head dim, backend and tuning: whether the
+    capacity is at most the short route's threshold, and the large-batch rule (routes.prefers_portable)."""
+    info = _drv.device_info(device)
+    return (capacity <= _routes.SHORT_CAPACITY_MAX,
+            _routes.prefers_portable(info.cc, head_dim, batch * num_kv_heads, info.sm_count))
+
+
 def route(problem: GqaProblem, backend: str | None) -> tuple[_routes.Variant, Loaded]:
-    """The variant for ``problem`` on its device and the loaded kernel (cached per layout)."""
-    info = _drv.device_info(problem.device)
-    ctas = problem.batch * problem.num_kv_heads
-    large = _routes.prefers_portable(info.cc, problem.head_dim, ctas, info.sm_count)
-    # the route depends on the capacity only through the short-route threshold (select_variant)
-    key = (problem.device, problem.capacity <= _routes.SHORT_CAPACITY_MAX, problem.head_dim, problem.dtype,
-           problem.group, backend, large, _routes.tuning_env())
+    """The variant for ``problem`` on its device and the loaded kernel (cached per route side)."""
+    short, large = route_side(problem.device, problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim)
+    key = (problem.device, short, problem.head_dim, problem.dtype, problem.group, backend, large, _routes.tuning_env())
     hit = _routes_cache.get(key)
     if hit is None:
+        info = _drv.device_info(problem.device)
         variant = _routes.select_variant(info.cc, problem.capacity, problem.head_dim, problem.dtype, problem.group,
-                                         backend, ctas, info.sm_count)
+                                         backend, problem.batch * problem.num_kv_heads, info.sm_count)
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     return hit
 
@@ -57,47 +63,61 @@ def default_splits(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded
 def workspace_sizes(problem: GqaProblem, splits: int) -> dict:
     """Split workspace of one launch: fp32 partial numerators, {max, sum} pairs, one counter per
     (batch, KV head)."""
-    bh = problem.batch * problem.num_kv_heads
-    return {"ws_o": (bh * splits * problem.group * problem.head_dim, "f32"),
-            "ws_ml": (bh * splits * problem.group * 2, "f32"),
+    return workspace_sizes_for(problem.batch, problem.num_kv_heads, problem.group, problem.head_dim, splits)
+
+
+def workspace_sizes_for(batch: int, num_kv_heads: int, group: int, head_dim: int, splits: int) -> dict:
+    bh = batch * num_kv_heads
+    return {"ws_o": (bh * splits * group * head_dim, "f32"),
+            "ws_ml": (bh * splits * group * 2, "f32"),
             "counters": (bh, "u32")}
 
 
 def kv_tensor_spec(problem: GqaProblem, variant: _routes.Variant) -> TmaSpec:
     """The KV tensor map's description: dims (D, C, Hkv, 2B) innermost first, one 64-channel x
     ``tok``-token box, 128-byte swizzle."""
-    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
-    return TmaSpec(
-        dtype=problem.dtype,
-        address=problem.kv.ptr,
-        dims=(D, C, Hkv, 2 * B),
-        strides=(D * 2, C * D * 2, Hkv * C * D * 2),
-        box=(64, variant.tiling.tok, 1, 1),
-        swizzle="128b",
-    )
+    return kv_spec(problem.dtype, problem.kv.ptr, problem.batch, problem.num_kv_heads, problem.capacity,
+                   problem.head_dim, variant.tiling.tok)
+
+
+def kv_spec(dtype: str, address: int, batch: int, num_kv_heads: int, capacity: int, head_dim: int,
+            tok: int) -> TmaSpec:
+    """``kv_tensor_spec`` from the sizes (2-byte elements)."""
+    B, Hkv, C, D = batch, num_kv_heads, capacity, head_dim
+    return TmaSpec(dtype=dtype, address=address, dims=(D, C, Hkv, 2 * B), strides=(D * 2, C * D * 2, Hkv * C * D * 2),
+                   box=(64, tok, 1, 1), swizzle="128b")
+
+
+def encoded_map(spec: TmaSpec) -> bytes:
+    """The 128 descriptor bytes of ``spec``, encoded once per spec (address included)."""
+    hit = _tmaps.get(spec)
+    if hit is None:
+        hit = _tmaps.put(spec, encode_tiled(spec))
+    return hit
 
 
 def kv_tensor_map(problem: GqaProblem, variant: _routes.Variant) -> bytes:
     """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
-    B, Hkv, C, D = problem.batch, problem.num_kv_heads, problem.capacity, problem.head_dim
-    key = (problem.device, problem.kv.ptr, B, Hkv, C, D, problem.dtype, variant.tiling.tok)
-    hit = _tmaps.get(key)
-    if hit is None:
-        hit = _tmaps.put(key, encode_tiled(kv_tensor_spec(problem, variant)))
-    return hit
+    return encoded_map(kv_tensor_spec(problem, variant))
 
 
 def flags(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, splits: int) -> int:
     """GqaArgs.flags of a launch: L2 evict-first for KV footprints above half the L2
     (GQADRV_L2_EVICT_FIRST=0/1 overrides) and the L2 prefetch rule of routes.l2_prefetch_pays."""
-    info = _drv.device_info(problem.device)
+    return flags_for(problem.device, problem.kv.nbytes, problem.batch, problem.num_kv_heads, problem.capacity,
+                     variant, loaded, splits)
+
+
+def flags_for(device: int, kv_nbytes: int, batch: int, num_kv_heads: int, capacity: int, variant: _routes.Variant,
+              loaded: Loaded, splits: int) -> int:
+    """``flags`` from the sizes."""
+    info = _drv.device_info(device)
     env = os.environ.get("GQADRV_L2_EVICT_FIRST")
     if env is not None:
         f = GQA_FLAG_L2_EVICT_FIRST if env == "1" else 0
     else:
-        f = GQA_FLAG_L2_EVICT_FIRST if problem.kv.nbytes * 2 > info.l2_bytes else 0
-    if _routes.l2_prefetch_pays(variant, problem.batch, problem.num_kv_heads, problem.capacity, splits,
-                                info.sm_count, loaded.ctas_per_sm):
+        f = GQA_FLAG_L2_EVICT_FIRST if kv_nbytes * 2 > info.l2_bytes else 0
+    if _routes.l2_prefetch_pays(variant, batch, num_kv_heads, capacity, splits, info.sm_count, loaded.ctas_per_sm):
         f |= GQA_FLAG_L2_PREFETCH
     return f
 
@@ -113,12 +133,21 @@ def args_fields(problem: GqaProblem, out_ptr: int, ws: Workspace | None, status_
                 variant: _routes.Variant, loaded: Loaded) -> dict:
     """The GqaArgs block by field name (gqa/args.py mirrors kernels/gqa/common/args.cuh)."""
     return {
-        "q": problem.q.ptr, "kv": problem.kv.ptr, "out": out_ptr, "lengths": problem.lengths.ptr,
+        "q": problem.q.ptr, "kv": problem.kv.ptr, "out": out_ptr, "lengths": problem.lengths.ptr, "status": status_ptr,
+        "scale_log2": scale_log2(problem), "hkv": problem.num_kv_heads, "group": problem.group,
+        **size_fields(problem.device, problem.kv.nbytes, problem.batch, problem.num_kv_heads, problem.capacity, variant,
+                      loaded, splits, ws),
+    }
+
+
+def size_fields(device: int, kv_nbytes: int, batch: int, num_kv_heads: int, capacity: int, variant: _routes.Variant,
+                loaded: Loaded, splits: int, ws: Workspace | None) -> dict:
+    """The GqaArgs fields that depend on the batch size, the capacity or the split count: with the
+    addresses, all that differs between two layouts of a family (gqa.layout_family)."""
+    return {
         "ws_o": ws.ptr("ws_o") if ws else 0, "ws_ml": ws.ptr("ws_ml") if ws else 0,
-        "counters": ws.ptr("counters") if ws else 0, "status": status_ptr,
-        "scale_log2": scale_log2(problem),
-        "hkv": problem.num_kv_heads, "group": problem.group, "capacity": problem.capacity, "num_splits": splits,
-        "flags": flags(problem, variant, loaded, splits),
+        "counters": ws.ptr("counters") if ws else 0, "capacity": capacity, "num_splits": splits,
+        "flags": flags_for(device, kv_nbytes, batch, num_kv_heads, capacity, variant, loaded, splits),
     }
 
 

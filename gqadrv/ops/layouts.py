@@ -125,12 +125,33 @@ class LayoutEntry:
         self.patches = tuple(tuple(_resolve(self.plans[f[0]].args.sig, f) for f in fs) for fs in self.fields)
         self.lock = threading.Lock()
 
-    def check(self, ptrs: tuple[int, ...]) -> bool:
-        """Whether ``ptrs`` satisfy the address-dependent rules (alignment, no output overlap)."""
+    def derive(self, plans: tuple[LaunchPlan, ...], spans: tuple[tuple[int, int], ...], tmaps: tuple[TmapSlot, ...],
+               ptrs: tuple[int, ...], keep: tuple = (), out_shape: tuple = ()) -> "LayoutEntry":
+        """The entry of another layout of the same kind (a layout family's member): ``plans`` are
+        launches of the same signatures whose argument blocks the caller built from copies of this
+        entry's (``ArgPack.copy``) with the size fields changed; fields, alignments, outputs, device,
+        stream, output dtype and info are this entry's. ``ptrs`` are written into the plans here
+        (the maps in ``tmaps`` must already hold their addresses); nothing is checked (``check``)."""
+        e = LayoutEntry.__new__(LayoutEntry)
+        e.fields, e.aligns, e.patches, e.out_slot, e.out_slots = (self.fields, self.aligns, self.patches,
+                                                                   self.out_slot, self.out_slots)
+        e.device, e.stream, e.out_dtype, e.info = self.device, self.stream, self.out_dtype, self.info
+        e.plans, e.spans, e.tmaps, e.ptrs = tuple(plans), tuple(spans), tuple(tmaps), tuple(ptrs)
+        e.keep, e.out_shape = keep, tuple(out_shape)
+        for i, p in enumerate(e.ptrs):
+            for pi, off, fmt, add in self.patches[i]:
+                e.plans[pi].args.patch(off, fmt, p + add)
+        e.lock = threading.Lock()
+        return e
+
+    def check(self, ptrs: tuple[int, ...], spans: tuple[tuple[int, int], ...] | None = None) -> bool:
+        """Whether ``ptrs`` satisfy the address-dependent rules (alignment, no output overlap), with
+        the entry's byte spans or those of another layout of its kind (``spans``, for ``derive``)."""
         for p, a in zip(ptrs, self.aligns):
             if p % a:
                 return False
-        spans = self.spans
+        if spans is None:
+            spans = self.spans
         for o in self.out_slots:
             po = ptrs[o]
             lo, hi = po + spans[o][0], po + spans[o][1]

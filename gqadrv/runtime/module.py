@@ -111,6 +111,12 @@ class ArgPack:
         self.address = ctypes.addressof(self._ptrs)
         self._view = (ctypes.c_char * max(1, sig.size)).from_address(self._base)
 
+    def copy(self) -> "ArgPack":
+        """A new pack of the same signature holding these bytes."""
+        new = ArgPack(self.sig)
+        ctypes.memmove(new._base, self._base, self.sig.size)
+        return new
+
     def set(self, name: str, value) -> None:
         i = self.sig.names.index(name)
         self._write(i, value)

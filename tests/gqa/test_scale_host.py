@@ -58,7 +58,7 @@ BITWISE_SCALES = [0.01, 0.0625, 0.08838834764831845, 0.1, 0.3, 1.0, 2.5]
 
 
 def _packed_scale(problem, monkeypatch) -> bytes:
-    monkeypatch.setattr(plan, "flags", lambda *a: 0)
+    monkeypatch.setattr(plan, "flags_for", lambda *a: 0)
     args = plan.args_fields(problem, 0, None, 0, 1, None, None)
     pack = ArgPack(SIG_PLAIN).pack(args)
     off, fmt = SIG_PLAIN.field_offsets["args.scale_log2"]

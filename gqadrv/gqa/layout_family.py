@@ -1,0 +1,125 @@
+"""Layout families of ``gqa_decode``: a first call of a new layout that differs from a known one only
+in the batch size B and the cache capacity C skips validation and most of the launch building.
+
+A *layout* (``ops.layouts``) fixes every shape, stride and dtype; its *family* fixes everything but
+B and C: the framework, dtypes, Hq, Hkv, D, whether ``out`` is given, the device, the scales, the
+backend, the tuning environment and the launch stream, with every tensor densely packed. Serving
+engines change B (requests join and leave) and C (the cache grows) from step to step, so most new
+layouts belong to a family seen before.
+
+The full path (``api._full_call``) validates the first call of a family and leaves here its problem
+(the family's *template*) and its layout entry, filed under the entry's *route side* (short capacity
+or not, large batch or not: ``plan.route_side``; nothing else of the route depends on B or C). A new
+layout of the family (``api._family_call``) then does only what depends on B and C:
+
+1. the size rules of ``contract.validate`` (``split_key``): q ``[B, Hq, D]``, kv ``[B, 2, Hkv, C, D]``,
+   lengths ``[B]``, out ``[B, Hq, D]``, B >= 1, 1 <= C <= the kernels' int32 positions, each tensor
+   densely packed; any other layout is not a member and takes the full path;
+2. with an entry of the same route side: a copy of that entry's argument block with the size fields
+   (``plan.size_fields``: capacity, split count, flags, workspace) and the addresses rewritten, the
+   KV tensor map of the new geometry, the grid; ``LayoutEntry.derive`` makes the new entry;
+3. without one (the first member on another route side): the template's problem with the new sizes
+   (``member_problem``), routed and built like a full call; its entry is filed for that side;
+4. the address rules (alignment, out overlapping an input: ``LayoutEntry.check``) before anything is
+   launched; a failed rule sends the call to the full path, which raises the documented error.
+The new layout's entry is remembered in the layout cache, so its next call is a plain replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..ops.bounded import BoundedMap
+from ..runtime.tensors import TensorView
+from .contract import _INT32_POSITIONS, GqaProblem
+
+__all__ = ["Family", "families", "member_problem", "remember", "split_key"]
+
+
+class Family:
+    """A family's template problem and, per route side, (variant, loaded kernel, layout entry) of a
+    member built on that side."""
+
+    __slots__ = ("built", "template")
+
+    def __init__(self, template: GqaProblem):
+        self.template = template
+        self.built: dict[tuple[bool, bool], tuple] = {}
+
+
+families = BoundedMap(256)   # family key -> Family
+
+
+def _dense3(shape: tuple, strides: tuple, u: int) -> bool:
+    return strides == (shape[1] * shape[2] * u, shape[2] * u, u)
+
+
+def _dense_kv(shape: tuple, strides: tuple, u: int) -> bool:
+    d = shape[4] * u
+    c = shape[3] * d
+    h = shape[2] * c
+    return strides == (2 * h, h, c, d, u)
+
+
+def _unit(kind: str, dtype: Any) -> int:
+    """What one element's stride reads in the fast reader's layout: bytes for CuPy (and the fake
+    arrays of the CPU tests), elements for torch."""
+    return 1 if kind == "torch" else dtype.itemsize
+
+
+def split_key(key: tuple) -> tuple[tuple, int, int] | None:
+    """(family key, B, C) of a layout key (``api._call_facts``), or None when the layout is not a
+    family member: a shape the contract rejects, or a tensor that is not densely packed (such
+    layouts are validated by the full path at every first call)."""
+    kind, lq, lk, ll, lo = key[:5]
+    sq, sk, sl = lq[0], lk[0], ll[0]
+    if len(sq) != 3 or len(sk) != 5 or len(sl) != 1:
+        return None
+    B, Hq, D = sq
+    C = sk[3]
+    if B < 1 or sk[0] != B or sl[0] != B or sk[1] != 2 or sk[4] != D or not 1 <= C <= _INT32_POSITIONS:
+        return None
+    if lo is not None and tuple(lo[0]) != tuple(sq):
+        return None
+    if len(lq) == 3:  # (shape, strides, dtype); JAX / XLA layouts carry no strides (dense by the reader)
+        if not (_dense3(sq, tuple(lq[1]), _unit(kind, lq[2])) and _dense_kv(sk, tuple(lk[1]), _unit(kind, lk[2]))
+                and tuple(ll[1]) == (_unit(kind, ll[2]),)
+                and (lo is None or _dense3(lo[0], tuple(lo[1]), _unit(kind, lo[2])))):
+            return None
+    fam = (kind, Hq, D, lq[-1], sk[2], lk[-1], ll[-1], None if lo is None else lo[-1]) + tuple(key[5:])
+    return fam, B, C
+
+
+def remember(key: tuple, problem: GqaProblem, side: tuple[bool, bool], built: tuple) -> None:
+    """File a full call's validated ``problem`` (layout ``key``) as its family's template, with
+    ``built`` = (variant, loaded, entry) for its route side; a known family keeps its template."""
+    split = split_key(key)
+    if split is None or split[1] != problem.batch or split[2] != problem.capacity:
+        return
+    fam = families.get(split[0])
+    if fam is None:
+        fam = families.put(split[0], Family(problem))
+    fam.built.setdefault(side, built)
+
+
+def _view(t: TensorView, obj: Any, ptr: int, shape: tuple) -> TensorView:
+    """The template's view ``t`` for another tensor of its family: densely packed ``shape``."""
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= d
+    return TensorView(obj, t.name, ptr, shape, tuple(reversed(strides)), t.dtype, t.itemsize, t.device, t.framework)
+
+
+def member_problem(template: GqaProblem, B: int, C: int, tensors: tuple, ptrs: tuple) -> GqaProblem:
+    """The problem of a family member: the template with batch B, capacity C and views of
+    ``tensors`` (q, kv, lengths, out or None) at ``ptrs`` (out's 0 when it is not given)."""
+    t = template
+    Hq, D, Hkv = t.num_q_heads, t.head_dim, t.num_kv_heads
+    q, kv, lens, out = tensors
+    return dataclasses.replace(
+        t, batch=B, capacity=C,
+        q=_view(t.q, q, ptrs[0], (B, Hq, D)), kv=_view(t.kv, kv, ptrs[1], (B, 2, Hkv, C, D)),
+        lengths=_view(t.lengths, lens, ptrs[2], (B,)),
+        out=None if out is None else _view(t.out, out, ptrs[3], (B, Hq, D)))

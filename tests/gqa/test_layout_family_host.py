@@ -1,0 +1,183 @@
+"""Layout families of ``gqa_decode`` on the CPU (issue #21 item 2, gqa/layout_family.py): a first call
+of a new (batch, capacity) layout of a known family launches exactly what the full path launches for
+the same tensors (kernel, grid, block, shared memory, stream and every argument byte, tensor map
+included), on every route side; layouts that are not members, and members that break an address
+rule, take the full path. GPU steps are stubbed (tests/host_stubs.py); the tensor-map stand-in encodes
+the geometry, so a map of the wrong dims would differ."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gqadrv.gqa import api
+from gqadrv.gqa import layout_family as fam
+from gqadrv.ops import layouts
+from gqadrv.ops import outputs as _outputs
+from gqadrv.runtime import module, tensormap
+from tests.fakes import aligned, plain_tensor_map
+from tests.host_stubs import FakeT, stub_gpu
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """The stubbed GPU, an encoder of the geometry, empty caches, and the list of launches made
+    (kernel name, grid, block, smem, stream, argument bytes)."""
+    stub_gpu(monkeypatch)
+    monkeypatch.setattr(tensormap, "_encode", plain_tensor_map)
+    launched = []
+    monkeypatch.setattr(module.LaunchPlan, "launch", lambda self, stream=None: launched.append(
+        (self.kernel.name, self.grid, self.block, self.smem, self.stream, self.args.bytes())))
+    monkeypatch.setattr(api, "_layouts", layouts.LayoutCache(64))
+    monkeypatch.setattr(fam, "families", fam.BoundedMap(16))
+    layouts._encoded.clear()
+    buffers = {}
+
+    def allocate(like, shape, dtype, device, stream, current=None):  # one buffer per shape: same address
+        b = buffers.get(shape)
+        if b is None:
+            b = buffers[shape] = FakeT(aligned(shape, like.a.dtype))
+        return _outputs.NewOutput(b.a.__array_interface__["data"][0], b, None)
+
+    monkeypatch.setattr(_outputs, "allocate", allocate)
+    return launched
+
+
+def _tensors(B, C, Hq=32, Hkv=8, D=128, dtype=np.float16, out=True):
+    q = FakeT(aligned((B, Hq, D), dtype))
+    kv = FakeT(aligned((B, 2, Hkv, C, D), dtype))
+    lens = FakeT(aligned((B,), np.int32))
+    return q, kv, lens, (FakeT(aligned((B, Hq, D), dtype)) if out else None)
+
+
+def _decode(t, **kw):
+    import gqadrv
+
+    q, kv, lens, out = t
+    return gqadrv.gqa_decode(q, kv, lens, out=out, stream=7, **kw)
+
+
+def _full_path_launch(t, launched, **kw):
+    """What the full path launches for tensors ``t`` (no layout or family known)."""
+    api._layouts.clear()
+    fam.families.clear()
+    n = len(launched)
+    _decode(t, **kw)
+    assert len(launched) == n + 1
+    return launched[-1]
+
+
+# (B, C): TMA unsplit, TMA split (B1 long), short (C <= 64, both sides of the threshold), the
+# large-batch rule (B * Hkv >= 2 waves of the stub's 132 SMs), odd sizes
+MEMBERS = [(2, 1000), (1, 4096), (1, 32768), (3, 48), (1, 64), (5, 65), (40, 512), (33, 77), (7, 1), (128, 2048)]
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,dtype", [(32, 8, 128, np.float16), (16, 2, 64, np.float16),
+                                            (32, 8, 256, ml_dtypes.bfloat16), (8, 8, 128, np.float16)],
+                         ids=["Hq32_D128", "Hq16_D64", "D256_bf16", "group1"])
+@pytest.mark.parametrize("with_out", [True, False], ids=["out", "alloc"])
+def test_members_launch_what_the_full_path_launches(stubbed, Hq, Hkv, D, dtype, with_out):
+    launched = stubbed
+    template = _tensors(2, 1024, Hq, Hkv, D, dtype, with_out)
+    _decode(template)                       # the family's first call: the full path files the template
+    assert len(fam.families) == 1
+    for B, C in MEMBERS:
+        t = _tensors(B, C, Hq, Hkv, D, dtype, with_out)
+        _decode(t)
+        got = launched[-1]
+        assert len(fam.families) == 1
+        want = _full_path_launch(t, launched)
+        assert got == want, (B, C)
+        _decode(template)                   # the full path's call above reset the family: file it again
+
+
+def test_members_on_every_side_and_their_replays(stubbed):
+    """The first member on another route side is built from the template's problem; later members
+    of that side copy its arguments; every member's next call is a plain replay of its entry."""
+    launched = stubbed
+    _decode(_tensors(2, 1024))
+    sides = {}
+    for B, C in MEMBERS:
+        t = _tensors(B, C)
+        _decode(t)
+        sides = dict(fam.families.values()[0].built)
+        n = len(api._layouts)
+        t2 = _tensors(B, C)                 # the same layout, new tensors: the layout cache's replay
+        _decode(t2)
+        assert len(api._layouts) == n
+        assert launched[-1][:5] == launched[-2][:5]
+    assert set(sides) == {(False, False), (True, False), (False, True)}
+
+
+def test_scales_backend_and_stream_make_other_families(stubbed):
+    _decode(_tensors(2, 1024))
+    _decode(_tensors(2, 1024), q_scale=0.5)
+    _decode(_tensors(2, 1024), sm_scale=0.1)
+    _decode(_tensors(2, 1024), backend="portable")
+    assert len(fam.families) == 4
+    launched = stubbed
+    t = _tensors(3, 333)
+    _decode(t, backend="portable")
+    assert launched[-1] == _full_path_launch(t, launched, backend="portable")
+
+
+def test_split_key_of_members_and_non_members(stubbed):
+    from gqadrv.gqa.api import _call_facts
+
+    def key(q, kv, lens, out=None):
+        f = _call_facts(q, kv, lens, out, 1.0, None, 7, None)
+        return fam.split_key(f[0])
+
+    q, kv, lens, out = _tensors(3, 100)
+    k, B, C = key(q, kv, lens, out)
+    assert (B, C) == (3, 100)
+    q2, kv2, lens2, out2 = _tensors(5, 7)
+    assert key(q2, kv2, lens2, out2)[0] == k
+    assert key(q, kv, lens)[0] != k                                           # out not given: another family
+    assert key(*_tensors(3, 100, Hq=16)[:3], None)[0] != key(q, kv, lens)[0]  # another head count
+    wide = FakeT(aligned((3, 64, 128))[:, :32, :])                            # q rows of a wider buffer
+    assert key(wide, kv, lens, out) is None
+    kv_t = FakeT(aligned((3, 2, 8, 128, 100)).transpose(0, 1, 2, 4, 3))        # K / V transposed
+    assert key(q, kv_t, lens, out) is None
+    assert key(q, kv, FakeT(aligned((4,), np.int32)), out) is None            # lengths of another batch
+    assert key(q, FakeT(aligned((3, 2, 8, 100, 64))), lens, out) is None       # head dims differ
+    assert key(q, FakeT(aligned((3, 3, 8, 100, 128))), lens, out) is None      # not [B, 2, ...]
+    assert key(q, kv, lens, FakeT(aligned((3, 32, 64)))) is None              # out of another shape
+    assert key(FakeT(aligned((0, 32, 128))), FakeT(aligned((0, 2, 8, 100, 128))), FakeT(aligned((0,), np.int32)),
+               None) is None                                                 # empty batch
+    assert key(q, FakeT(aligned((3, 2, 8, 0, 128))), lens, out) is None       # zero capacity
+
+
+def test_members_breaking_an_address_rule_take_the_full_path(stubbed):
+    """A misaligned KV view or an out overlapping q is refused before any launch, and the full path
+    raises the contract's error."""
+    launched = stubbed
+    _decode(_tensors(2, 1024))
+    q, kv, lens, out = _tensors(3, 100)
+    raw = aligned((3 * 2 * 8 * 100 * 128 + 8,))
+    kv_off = FakeT(raw[4:4 + kv.a.size].reshape(kv.a.shape))
+    n = len(launched)
+    with pytest.raises(ValueError, match="align"):
+        _decode((q, kv_off, lens, out))
+    with pytest.raises(ValueError, match="overlap"):
+        _decode((q, kv, lens, FakeT(q.a)))
+    assert len(launched) == n
+    _decode(_tensors(3, 100))                                       # the first member on this side
+    with pytest.raises(ValueError, match="align"):
+        _decode((q, kv_off, lens, out))                             # the copy path refuses it too
+    with pytest.raises(ValueError, match="overlap"):
+        _decode((q, kv, lens, FakeT(q.a)))
+    assert len(launched) == n + 1
+
+
+def test_non_members_are_validated_by_the_full_path(stubbed):
+    launched = stubbed
+    _decode(_tensors(2, 1024))
+    q, kv, lens, out = _tensors(3, 100)
+    with pytest.raises(ValueError, match="sequence_lengths must have shape"):
+        _decode((q, kv, FakeT(aligned((4,), np.int32)), out))
+    wide = FakeT(aligned((3, 64, 128))[:, :32, :])
+    with pytest.raises(ValueError, match="contiguous"):
+        _decode((wide, kv, lens, out))
+    assert len(fam.families) == 1 and len(launched) == 1
