@@ -263,6 +263,32 @@ def load_library(cubin: bytes, label: str = "") -> Library:
     return lib
 
 
+_ATTRIBUTES: dict = {}   # (driver module id, pdl, cluster) -> the launch attributes (never mutated)
+
+
+def _launch_attributes(drv, pdl: bool, cluster: tuple[int, int, int] | None) -> list:
+    """The launch attributes of a configuration (PDL, cluster dims), built once per combination:
+    making a CUlaunchAttribute costs more than the rest of a launch configuration."""
+    key = (id(drv), pdl, cluster)
+    attrs = _ATTRIBUTES.get(key)
+    if attrs is None:
+        attrs = []
+        if pdl:
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        if cluster is not None:
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster
+            attrs.append(a)
+        if len(_ATTRIBUTES) > 64:
+            _ATTRIBUTES.clear()
+        _ATTRIBUTES[key] = attrs
+    return attrs
+
+
 class LaunchPlan:
     """A kernel with its launch configuration and arguments, ready for repeated launches."""
 
@@ -291,17 +317,7 @@ class LaunchPlan:
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
         cfg.sharedMemBytes = self.smem
         cfg.hStream = int(stream)
-        attrs = []
-        if pdl:
-            a = drv.CUlaunchAttribute()
-            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        if cluster is not None:
-            a = drv.CUlaunchAttribute()
-            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster
-            attrs.append(a)
+        attrs = _launch_attributes(drv, self.pdl, None if cluster is None else tuple(cluster))
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         self._attrs = attrs  # keep alive
