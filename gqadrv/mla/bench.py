@@ -60,6 +60,20 @@ def _metrics(h_q, s_q, lens, b, us, kv_bytes_per_token=576 * 2):
     return flops / (us * 1e-6) / 1e12, nbytes / (us * 1e-6) / 1e12
 
 
+def flashinfer_csr(lens: list[int], max_blocks: int, page: int):
+    """FlashInfer's CSR page lists of the bench's block table (request i owns pages
+    i * max_blocks ...): kv_indptr (b + 1) counts each request's ceil(len / page) pages, kv_indices
+    lists them; int32 numpy arrays."""
+    import numpy as np
+
+    counts = [-(-n // page) for n in lens]
+    indptr = np.zeros(len(lens) + 1, np.int32)
+    indptr[1:] = np.cumsum(counts)
+    indices = np.concatenate([np.arange(i * max_blocks, i * max_blocks + c, dtype=np.int32)
+                              for i, c in enumerate(counts)]) if lens else np.zeros(0, np.int32)
+    return indptr, indices
+
+
 def _run_row(item, timer: Timer, args) -> dict:
     import cupy as cp
     import numpy as np
@@ -130,9 +144,11 @@ def _run_row(item, timer: Timer, args) -> dict:
                 ws = torch.empty(256 << 20, dtype=torch.uint8, device=tq.device)
                 w = fmla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
                 qo = torch.arange(b + 1, dtype=torch.int32, device=tq.device)
-                kvp = torch.arange(0, nb + 1, max_blocks, dtype=torch.int32, device=tq.device)
+                indptr, indices = flashinfer_csr(lens, max_blocks, page)
+                kvp = torch.from_numpy(indptr).to(tq.device)
+                kvi = torch.from_numpy(indices).to(tq.device)
                 # FlashInfer 0.7 keyword plan (CSR form) and split (nope, rope) query / cache pairs
-                w.plan(qo_indptr=qo, kv_indptr=kvp, kv_indices=tbt.reshape(-1), kv_len_arr=tsl, num_heads=h_q,
+                w.plan(qo_indptr=qo, kv_indptr=kvp, kv_indices=kvi, kv_len_arr=tsl, num_heads=h_q,
                        head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=576 ** -0.5,
                        q_data_type=tq.dtype, kv_data_type=tq.dtype)
                 qn, qp = tq[:, 0, :, :512].contiguous(), tq[:, 0, :, 512:].contiguous()

@@ -87,3 +87,15 @@ def test_mla_rounds_rotate_the_provider_order_and_keep_medians():
     assert "error" in res["boom"] and "hot_us" not in res["boom"]
     assert seen.count("boom") == 1
     assert res["c"]["hot_rounds_us"] == [7.0, 7.0]
+
+
+def test_flashinfer_page_lists_of_unequal_lengths():
+    """FlashInfer's MLA plan takes CSR page lists whose counts must be ceil(len / page) per request
+    (its varlen rows failed with the full block-table rows as lists)."""
+    from gqadrv.mla.bench import flashinfer_csr
+
+    indptr, indices = flashinfer_csr([64, 65, 1, 128], max_blocks=3, page=64)
+    assert indptr.tolist() == [0, 1, 3, 4, 6]
+    assert indices.tolist() == [0, 3, 4, 6, 9, 10]
+    indptr, indices = flashinfer_csr([4096] * 3, max_blocks=64, page=64)
+    assert indptr.tolist() == [0, 64, 128, 192] and indices.tolist() == list(range(192))
