@@ -15,6 +15,7 @@ from gqadrv.gqa import api
 from gqadrv.gqa import layout_family as fam
 from gqadrv.ops import layouts
 from gqadrv.ops import outputs as _outputs
+from gqadrv.gqa import plan
 from gqadrv.runtime import module, tensormap
 from tests.fakes import aligned, plain_tensor_map
 from tests.host_stubs import FakeT, stub_gpu
@@ -31,6 +32,7 @@ def stubbed(monkeypatch):
         (self.kernel.name, self.grid, self.block, self.smem, self.stream, self.args.bytes())))
     monkeypatch.setattr(api, "_layouts", layouts.LayoutCache(64))
     monkeypatch.setattr(fam, "families", fam.BoundedMap(16))
+    monkeypatch.setattr(plan, "_tmaps", plan.BoundedMap(64))   # maps of another test's encoder
     layouts._encoded.clear()
     buffers = {}
 
@@ -181,3 +183,4 @@ def test_non_members_are_validated_by_the_full_path(stubbed):
     with pytest.raises(ValueError, match="contiguous"):
         _decode((wide, kv, lens, out))
     assert len(fam.families) == 1 and len(launched) == 1
+
