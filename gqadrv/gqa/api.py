@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from ..ops import workspace as _workspace
 from ..ops.plans import launch_packed
-from ..runtime.module import LaunchPlan, launch_plans
+from ..runtime.module import launch_plans
 from ..ops import outputs as _outputs
 from ..ops.layouts import LayoutCache, LayoutEntry, TmapSlot, call_kind, call_streams
 from ..ops.prepared import PreparedDecode, prepare_streams
@@ -165,29 +165,13 @@ def _family_call(facts: tuple, q, kv, lens, out, backend):
         ws = None
         if splits > 1:
             ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
-        itemsize = t.q.itemsize
-        q_bytes, kv_bytes = B * Hq * D * itemsize, B * 2 * Hkv * C * D * itemsize
-        spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
         out_ptr = ptrs[3]
         if out is None:
             o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
             out_ptr = o.ptr
-        ptrs = ptrs[:3] + (out_ptr,)
-        if not base.check(ptrs, spans):
+        e = _family.copy_member(base, variant, loaded, t, B, C, ptrs[:3] + (out_ptr,), ws, splits, dev, s)
+        if e is None:  # alignment, out overlapping an input: the full path raises the error
             return _MISS
-        with base.lock:
-            args = base.plans[0].args.copy()
-        for name, v in _plan.size_fields(dev, kv_bytes, B, Hkv, C, variant, loaded, splits, ws).items():
-            args.set_field("args." + name, v)
-        tmaps = ()
-        if variant.family.uses_tma:
-            spec = _plan.kv_spec(t.dtype, ptrs[1], B, Hkv, C, D, variant.tiling.tok)
-            encoded = _plan.encoded_map(spec)
-            args.set("kv_map", encoded)
-            tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
-        grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
-        plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=s, pdl=True)
-        e = base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, Hq, D))
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     with e.lock:
         e.launch()

@@ -31,10 +31,14 @@ import dataclasses
 from typing import Any
 
 from ..ops.bounded import BoundedMap
+from ..ops.layouts import LayoutEntry, TmapSlot
+from ..runtime.module import LaunchPlan
 from ..runtime.tensors import TensorView
+from . import plan as _plan
+from . import routes as _routes
 from .contract import _INT32_POSITIONS, GqaProblem
 
-__all__ = ["Family", "families", "member_problem", "remember", "split_key"]
+__all__ = ["Family", "copy_member", "families", "member_problem", "remember", "split_key"]
 
 
 class Family:
@@ -123,3 +127,31 @@ def member_problem(template: GqaProblem, B: int, C: int, tensors: tuple, ptrs: t
         q=_view(t.q, q, ptrs[0], (B, Hq, D)), kv=_view(t.kv, kv, ptrs[1], (B, 2, Hkv, C, D)),
         lengths=_view(t.lengths, lens, ptrs[2], (B,)),
         out=None if out is None else _view(t.out, out, ptrs[3], (B, Hq, D)))
+
+
+def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, B: int, C: int,
+                ptrs: tuple, ws, splits: int, device: int, stream: int) -> LayoutEntry | None:
+    """The entry of a member with batch B and capacity C, tensors at ``ptrs`` (q, kv, lengths, out),
+    from ``base``, an entry of the same family and route side: its argument block copied with the
+    size fields (``plan.size_fields``) rewritten, the KV tensor map of the new geometry, the grid of
+    the new sizes and split count, the addresses written by ``LayoutEntry.derive``. None (nothing
+    built) when an address rule fails (alignment, out overlapping an input)."""
+    t = template
+    Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
+    q_bytes, kv_bytes = B * Hq * D * t.q.itemsize, B * 2 * Hkv * C * D * t.kv.itemsize
+    spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
+    if not base.check(ptrs, spans):
+        return None
+    with base.lock:
+        args = base.plans[0].args.copy()
+    for name, v in _plan.size_fields(device, kv_bytes, B, Hkv, C, variant, loaded, splits, ws).items():
+        args.set_field("args." + name, v)
+    tmaps = ()
+    if variant.family.uses_tma:
+        spec = _plan.kv_spec(t.dtype, ptrs[1], B, Hkv, C, D, variant.tiling.tok)
+        encoded = _plan.encoded_map(spec)
+        args.set("kv_map", encoded)
+        tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
+    grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=stream, pdl=True)
+    return base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, Hq, D))
