@@ -15,9 +15,10 @@ layout of the family (``api._family_call``) then does only what depends on B and
 1. the size rules of ``contract.validate`` (``split_key``): q ``[B, Hq, D]``, kv ``[B, 2, Hkv, C, D]``,
    lengths ``[B]``, out ``[B, Hq, D]``, B >= 1, 1 <= C <= the kernels' int32 positions, each tensor
    densely packed; any other layout is not a member and takes the full path;
-2. with an entry of the same route side: a copy of that entry's argument block with the size fields
-   (``plan.size_fields``: capacity, split count, flags, workspace) and the addresses rewritten, the
-   KV tensor map of the new geometry, the grid; ``LayoutEntry.derive`` makes the new entry;
+2. with an entry of the same route side (``copy_member``): a copy of that entry's argument block
+   with the size fields (``plan.size_fields``: capacity, split count, flags, workspace) and the
+   addresses rewritten, the KV tensor map of the new geometry, the grid; ``LayoutEntry.derive``
+   makes the new entry;
 3. without one (the first member on another route side): the template's problem with the new sizes
    (``member_problem``), routed and built like a full call; its entry is filed for that side;
 4. the address rules (alignment, out overlapping an input: ``LayoutEntry.check``) before anything is
