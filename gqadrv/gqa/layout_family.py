@@ -104,8 +104,20 @@ def remember(key: tuple, problem: GqaProblem, side: tuple[bool, bool], built: tu
         return
     fam = families.get(split[0])
     if fam is None:
-        fam = families.put(split[0], Family(problem))
+        fam = families.put(split[0], Family(_detached(problem)))
     fam.built.setdefault(side, built)
+
+
+def _detached(problem: GqaProblem) -> GqaProblem:
+    """``problem`` with views that no longer reference the caller's tensors: a template must not keep
+    a KV cache alive."""
+    def bare(v: TensorView | None) -> TensorView | None:
+        if v is None:
+            return None
+        return TensorView(None, v.name, v.ptr, v.shape, v.strides, v.dtype, v.itemsize, v.device, v.framework)
+
+    return dataclasses.replace(problem, q=bare(problem.q), kv=bare(problem.kv), lengths=bare(problem.lengths),
+                               out=bare(problem.out))
 
 
 def _view(t: TensorView, obj: Any, ptr: int, shape: tuple) -> TensorView:

@@ -184,3 +184,18 @@ def test_non_members_are_validated_by_the_full_path(stubbed):
         _decode((wide, kv, lens, out))
     assert len(fam.families) == 1 and len(launched) == 1
 
+
+def test_families_keep_no_tensor_alive(stubbed):
+    """A family's template must not hold the first call's tensors (a KV cache would never be freed)."""
+    import gc
+    import weakref
+
+    t = _tensors(2, 1024)
+    refs = [weakref.ref(x) for x in t]
+    _decode(t)
+    _decode(_tensors(3, 500))
+    assert len(fam.families) == 1
+    del t
+    gc.collect()   # the layout entries (still remembered) hold addresses, not tensors
+    assert [r() for r in refs] == [None] * 4
+
