@@ -21,6 +21,8 @@
 # kernels at b128 h_q 64 L8192: warp states and the top stall locations, benchmarks/ncu_mla_target.py);
 # layouts (the GPU tests of the layout-keyed convenience plans and of the files whose repeated calls
 # take them); host (tools/profile_convenience.py: host cost per framework, GQA and MLA, jax.jit);
+# family (gqa_decode's layout families: GPU tests, host cost, tools/profile_family_steps.py);
+# mla_varlen (the MLA rows of unequal lengths with both peers; run fmla first for FlashMLA);
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
 # schedule in the same rows); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
@@ -89,6 +91,17 @@ for step in $STEPS; do
            { grep -E "^(FAILED|ERROR)" "$OUT/layouts.log" | head -40; tail -3 "$OUT/layouts.log"; } > "$OUT/layouts.txt"
            rm -f "$OUT/layouts.log" ;;
   host) python3 tools/profile_convenience.py --json "$OUT/host.json" > "$OUT/host.txt" 2>&1 ;;
+  family) # layout families of gqa_decode: their GPU tests, the host cost per framework and the member
+          # path's steps (tools/profile_family_steps.py)
+          python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider -rf tests/gqa/test_layout_family_gpu.py \
+            tests/gqa/test_layout_cache_gpu.py > "$OUT/family_tests.txt" 2>&1
+          python3 tools/profile_convenience.py --frameworks cupy,torch --calls 500 --rounds 3 --layouts 64 \
+            --json "$OUT/family_host.json" > "$OUT/family_host.txt" 2>&1
+          python3 tools/profile_family_steps.py cupy torch > "$OUT/family_steps.txt" 2>&1 ;;
+  mla_varlen) # the MLA rows of unequal lengths with FlashInfer's page lists (mla.bench.flashinfer_csr)
+              PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --rounds 2 --reps 10 \
+                --mla-rows 128,1,128,8192,varlen 128,1,16,8192,varlen 128,1,64,8192,spread 128,1,16,4096,skew \
+                --json "$OUT/mla_varlen.json" > "$OUT/mla_varlen.txt" 2>&1 ;;
   mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
   mla_sanitize) for t in memcheck racecheck; do
                   compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
