@@ -34,6 +34,7 @@ from typing import Any
 from ..ops.bounded import BoundedMap
 from ..ops.layouts import LayoutEntry, TmapSlot
 from ..runtime.module import LaunchPlan
+from ..runtime.tensormap import encode_tiled
 from ..runtime.tensors import TensorView
 from . import plan as _plan
 from . import routes as _routes
@@ -142,6 +143,17 @@ def member_problem(template: GqaProblem, B: int, C: int, tensors: tuple, ptrs: t
         out=None if out is None else _view(t.out, out, ptrs[3], (B, Hq, D)))
 
 
+_PLACES: dict = {}   # (signature, size field names) -> ((byte offset, struct format), ...) in that order
+
+
+def _places(sig, fields: dict) -> tuple:
+    key = (sig, tuple(fields))
+    hit = _PLACES.get(key)
+    if hit is None:
+        hit = _PLACES[key] = tuple(sig.field_offsets["args." + name] for name in fields)
+    return hit
+
+
 def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, B: int, C: int,
                 ptrs: tuple, ws, splits: int, device: int, stream: int) -> LayoutEntry | None:
     """The entry of a member with batch B and capacity C, tensors at ``ptrs`` (q, kv, lengths, out),
@@ -157,12 +169,13 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
         return None
     with base.lock:
         args = base.plans[0].args.copy()
-    for name, v in _plan.size_fields(device, kv_bytes, B, Hkv, C, variant, loaded, splits, ws).items():
-        args.set_field("args." + name, v)
+    fields = _plan.size_fields(device, kv_bytes, B, Hkv, C, variant, loaded, splits, ws)
+    for (off, fmt), v in zip(_places(args.sig, fields), fields.values()):
+        args.patch(off, fmt, v)
     tmaps = ()
     if variant.family.uses_tma:
         spec = _plan.kv_spec(t.dtype, ptrs[1], B, Hkv, C, D, variant.tiling.tok)
-        encoded = _plan.encoded_map(spec)
+        encoded = encode_tiled(spec)  # a new geometry: the plan's cache of maps would not hit
         args.set("kv_map", encoded)
         tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
     grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
