@@ -22,6 +22,7 @@ from gqadrv.ops.layouts import TmapSlot
 from gqadrv.runtime.module import LaunchPlan
 from gqadrv.runtime import driver as _drv
 from gqadrv.runtime.streams import order_fast
+from gqadrv.runtime.tensormap import encode_tiled
 pc = time.perf_counter
 B, Hq, Hkv, D, C0 = 1, 32, 8, 128, 1024
 def run(fw, n=64):
@@ -68,7 +69,7 @@ def run(fw, n=64):
             args.set_field("args." + name, v)
         t0 = mark('size_fields', t0)
         spec = _plan.kv_spec(tt.dtype, ptrs[1], b, Hkv, c, D, variant.tiling.tok); t0 = mark('kv_spec', t0)
-        encoded = _plan.encoded_map(spec); t0 = mark('encode', t0)
+        encoded = encode_tiled(spec); t0 = mark('encode', t0)
         args.set("kv_map", encoded)
         tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),); t0 = mark('tmapslot', t0)
         grid, block, smem = _routes.launch_geometry(variant, b, Hkv, splits)

@@ -141,34 +141,28 @@ def _family_call(facts: tuple, q, kv, lens, out, backend):
     Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
     side = _plan.route_side(dev, B, Hkv, C, D)
     built = fam.built.get(side)
-    o = None
     if built is None:  # the family's first member on this route side: built from the template's problem
         problem = _family.member_problem(t, B, C, (q, kv, lens, out), ptrs)
         variant, loaded = _plan.route(problem, backend)
-        splits = _plan.default_splits(problem, variant, loaded)
-        ws = None
-        if splits > 1:
-            ws = _workspace.pooled(dev, s, _plan.workspace_sizes(problem, splits), _plan.WORKSPACE_ZERO)
-        out_ptr = ptrs[3]
-        if out is None:
-            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
-            out_ptr = o.ptr
+    else:  # a copy of a built member's arguments with the size fields, addresses and tensor map rewritten
+        variant, loaded, base = built
+    splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
+    ws = None
+    if splits > 1:
+        ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
+    o = None
+    out_ptr = ptrs[3]
+    if out is None:
+        o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
+        out_ptr = o.ptr
+    if built is None:
         plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr, ws=ws, status_ptr=0, splits=splits,
                                   stream=s)
         e = _layout_entry(problem, variant, plan, ws, out_ptr, dev, s)
         if not e.check(e.ptrs):  # alignment, out overlapping an input: the full path raises the error
             return _MISS
         fam.built.setdefault(side, (variant, loaded, e))
-    else:  # a copy of a built member's arguments with the size fields, addresses and tensor map rewritten
-        variant, loaded, base = built
-        splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
-        ws = None
-        if splits > 1:
-            ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
-        out_ptr = ptrs[3]
-        if out is None:
-            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
-            out_ptr = o.ptr
+    else:
         e = _family.copy_member(base, variant, loaded, t, B, C, ptrs[:3] + (out_ptr,), ws, splits, dev, s)
         if e is None:  # alignment, out overlapping an input: the full path raises the error
             return _MISS

@@ -111,11 +111,9 @@ def remember(key: tuple, problem: GqaProblem, side: tuple[bool, bool], built: tu
 
 def _detached(problem: GqaProblem) -> GqaProblem:
     """``problem`` with views that no longer reference the caller's tensors: a template must not keep
-    a KV cache alive."""
+    a KV cache alive (its views are dense: ``split_key`` admitted its layout)."""
     def bare(v: TensorView | None) -> TensorView | None:
-        if v is None:
-            return None
-        return TensorView(None, v.name, v.ptr, v.shape, v.strides, v.dtype, v.itemsize, v.device, v.framework)
+        return None if v is None else _view(v, None, v.ptr, v.shape)
 
     return dataclasses.replace(problem, q=bare(problem.q), kv=bare(problem.kv), lengths=bare(problem.lengths),
                                out=bare(problem.out))

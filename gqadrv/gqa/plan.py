@@ -22,7 +22,7 @@ from . import routes as _routes
 from .args import GQA_FLAG_L2_EVICT_FIRST, GQA_FLAG_L2_PREFETCH
 from .contract import GqaProblem
 
-__all__ = ["args_fields", "build_launch", "default_splits", "encoded_map", "flags", "flags_for", "kv_spec", "kv_tensor_map",
+__all__ = ["args_fields", "build_launch", "default_splits", "flags_for", "kv_spec", "kv_tensor_map",
            "kv_tensor_spec", "param_values", "route", "route_side", "scale_log2", "size_fields", "workspace_sizes",
            "workspace_sizes_for", "WORKSPACE_ZERO"]
 
@@ -88,29 +88,19 @@ def kv_spec(dtype: str, address: int, batch: int, num_kv_heads: int, capacity: i
                    box=(64, tok, 1, 1), swizzle="128b")
 
 
-def encoded_map(spec: TmaSpec) -> bytes:
-    """The 128 descriptor bytes of ``spec``, encoded once per spec (address included)."""
+def kv_tensor_map(problem: GqaProblem, variant: _routes.Variant) -> bytes:
+    """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
+    spec = kv_tensor_spec(problem, variant)
     hit = _tmaps.get(spec)
     if hit is None:
         hit = _tmaps.put(spec, encode_tiled(spec))
     return hit
 
 
-def kv_tensor_map(problem: GqaProblem, variant: _routes.Variant) -> bytes:
-    """Encoded once per (KV address, geometry, tile); the 128 bytes are copied into each launch."""
-    return encoded_map(kv_tensor_spec(problem, variant))
-
-
-def flags(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, splits: int) -> int:
-    """GqaArgs.flags of a launch: L2 evict-first for KV footprints above half the L2
-    (GQADRV_L2_EVICT_FIRST=0/1 overrides) and the L2 prefetch rule of routes.l2_prefetch_pays."""
-    return flags_for(problem.device, problem.kv.nbytes, problem.batch, problem.num_kv_heads, problem.capacity,
-                     variant, loaded, splits)
-
-
 def flags_for(device: int, kv_nbytes: int, batch: int, num_kv_heads: int, capacity: int, variant: _routes.Variant,
               loaded: Loaded, splits: int) -> int:
-    """``flags`` from the sizes."""
+    """GqaArgs.flags of a launch: L2 evict-first for KV footprints above half the L2
+    (GQADRV_L2_EVICT_FIRST=0/1 overrides) and the L2 prefetch rule of routes.l2_prefetch_pays."""
     info = _drv.device_info(device)
     env = os.environ.get("GQADRV_L2_EVICT_FIRST")
     if env is not None:
