@@ -212,7 +212,7 @@ GQADRV_DEVICE bool last_to_arrive(const MlaDecodeArgs& a, long long unit, u32* s
 // -inf, which keeps its SASS as measured).
 // merge_partials_from: the same with the partials at rows part0 + split * BM + r and the ticket at
 // counters[counter] (the balanced schedule's consecutive slots, kernels/mla/common/work_items.cuh).
-template <int BM, int NT, int DT, class OutRow, class LseAt, class Sync>
+template <int BM, int NT, int DT, int IPT_MAX = 8, class OutRow, class LseAt, class Sync>
 GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long long part0, long long counter, int S,
                                        int rows, int tid, OutRow out_row, LseAt lse_at, Sync sync, float mmax0) {
   if (tid < rows) {
@@ -236,27 +236,55 @@ GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long 
     store_row_stats(a, lse_at(tid), L, mmax);
   }
   sync();
-  for (int item = tid; item < rows * (D_V / 8); item += NT) {
-    const int r = item >> 6, c = (item & 63) * 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const float* src = a.ws_o + (part0 + r) * D_V + c;
-    const float* wr = wts + r * S;
-#pragma unroll 4
-    for (int sp = 0; sp < S; ++sp) {
-      const float w = wr[sp];
-      float v[8];
-      const float* p = src + (long long)sp * BM * D_V;
-      ld_cg_f32x4(p, v[0], v[1], v[2], v[3]);
-      ld_cg_f32x4(p + 4, v[4], v[5], v[6], v[7]);
+  // Each thread owns IPT items (8 channels of one row) per batch, NT items apart (IPT_MAX: 8, 4 in
+  // kernels whose consumers have fewer registers), and loads all of them for one split before it
+  // multiplies any: IPT x 32 B of L2 reads in flight per thread, so a
+  // merge costs S round trips per batch instead of one per item (BM 64, NT 256, S 2: 4 round trips
+  // instead of 16; the partials were written by other SMs and are read from L2 with ld.cg).
+  constexpr int ITEMS = BM * (D_V / 8);
+  constexpr int IPT = (ITEMS + NT - 1) / NT < IPT_MAX ? (ITEMS + NT - 1) / NT : IPT_MAX;
+#pragma unroll 1
+  for (int base = tid; base < rows * (D_V / 8); base += NT * IPT) {
+    float acc[IPT][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
+    for (int k = 0; k < IPT; ++k)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
+#pragma unroll 1
+    for (int sp = 0; sp < S; ++sp) {
+      float v[IPT][8];
+#pragma unroll
+      for (int k = 0; k < IPT; ++k) {
+        const int item = base + k * NT;
+        if (item < rows * (D_V / 8)) {
+          const float* p = a.ws_o + (part0 + (long long)sp * BM + (item >> 6)) * D_V + (item & 63) * 8;
+          ld_cg_f32x4(p, v[k][0], v[k][1], v[k][2], v[k][3]);
+          ld_cg_f32x4(p + 4, v[k][4], v[k][5], v[k][6], v[k][7]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[k][i] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < IPT; ++k) {
+        const int item = base + k * NT;
+        const float w = item < rows * (D_V / 8) ? wts[(item >> 6) * S + sp] : 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[k][i] += w * v[k][i];
+      }
     }
-    U32x4 pk;
-    pk.x = pack2<DT>(acc[0], acc[1]);
-    pk.y = pack2<DT>(acc[2], acc[3]);
-    pk.z = pack2<DT>(acc[4], acc[5]);
-    pk.w = pack2<DT>(acc[6], acc[7]);
-    *reinterpret_cast<U32x4*>(out_row(r) + c) = pk;
+#pragma unroll
+    for (int k = 0; k < IPT; ++k) {
+      const int item = base + k * NT;
+      if (item < rows * (D_V / 8)) {
+        U32x4 pk;
+        pk.x = pack2<DT>(acc[k][0], acc[k][1]);
+        pk.y = pack2<DT>(acc[k][2], acc[k][3]);
+        pk.z = pack2<DT>(acc[k][4], acc[k][5]);
+        pk.w = pack2<DT>(acc[k][6], acc[k][7]);
+        *reinterpret_cast<U32x4*>(out_row(item >> 6) + (item & 63) * 8) = pk;
+      }
+    }
   }
   if (tid == 0) store_relaxed_gpu(a.counters + counter, 0u);  // the next launch / graph replay needs no memset
 }

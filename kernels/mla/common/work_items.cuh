@@ -178,14 +178,14 @@ GQADRV_DEVICE void note_merge_won(int* s_merge, int& n_merge, const WorkItem& w,
 }
 // Runs them over NT threads (`sync`: their barrier), BM-row blocks starting at packed row row0 of
 // (request, KV head kvh), row block mb of nmb; `wts`: [BM][nsplit] fp32 scratch.
-template <int BM, int NT, int DT, class Sync>
+template <int BM, int NT, int DT, int IPT_MAX = 8, class Sync>
 GQADRV_DEVICE void run_merges_won(const MlaDecodeArgs& a, const int* s_merge, int n_merge, float* wts, int kvh, int nmb,
                                   int mb, int row0, int rows, int tid, Sync sync) {
   sync();  // thread 0's s_merge entries are visible
 #pragma unroll 1
   for (int k = 0; k < n_merge; ++k) {
     const int req = s_merge[3 * k], slot0 = s_merge[3 * k + 1], nsplit = s_merge[3 * k + 2];
-    merge_partials_from<BM, NT, DT>(
+    merge_partials_from<BM, NT, DT, IPT_MAX>(
         a, wts, (long long)slot0 * BM, ((long long)req * a.h_kv + kvh) * nmb + mb, nsplit, rows, tid,
         [&](int r) { return out_row_ptr(a, req, kvh, row0 + r); }, [&](int r) { return lse_ptr(a, req, kvh, row0 + r); },
         sync, M_INIT);

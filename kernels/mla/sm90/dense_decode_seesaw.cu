@@ -849,7 +849,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   }  // items
 
   // ---- merges won: no load is in flight (every issued load was consumed), the K slots are free
-  run_merges_won<MLA_BLOCK_M, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_K0), kvh, nmb, mb,
+  run_merges_won<MLA_BLOCK_M, 256, DT, MLA_FP8 ? 4 : 8>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_K0), kvh, nmb, mb,
                                        row0, rows, tid, [] { named_bar_sync(BAR_EPI, 256); });
   }  // consumer warpgroups
 }
