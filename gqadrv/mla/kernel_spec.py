@@ -175,6 +175,8 @@ class KernelVariant:
         d = {"MLA_DT": DTYPES[_dtype_name(dtype)], "MLA_SMEM_BYTES": self.smem_bytes, **dict(self.fixed_defines)}
         if watchdog:
             d["MLA_WATCHDOG"] = 1
+        if os.environ.get("GQADRV_MLA_TRACE", "0") == "1":  # development only: tools/mla_trace.py
+            d["MLA_TRACE"] = 1
         return d
 
 

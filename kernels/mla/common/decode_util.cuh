@@ -12,6 +12,27 @@
 #include "args.cuh"
 #include "sync.cuh"
 
+// Development timing (MLA_TRACE=1 builds only, GQADRV_MLA_TRACE=1 on the host; tools/mla_trace.py):
+// MLA_MARK(a, i, cond): the thread for which cond holds writes %globaltimer (ns) into stamp i (< 16)
+// of its CTA, CTA index x + X (y + Y z), in a u64 array that starts right after the lse elements
+// (b * h_kv * m_rows fp32, rounded up to 8 bytes): the tool passes an lse view of a larger buffer.
+#if MLA_TRACE
+#define MLA_MARK(a, i, cond)                                                                             \
+  do {                                                                                                   \
+    if (cond) {                                                                                          \
+      unsigned long long t_;                                                                             \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                            \
+      const long long n_ = ((long long)(a).b * (a).h_kv * (a).m_rows + 1) & ~1LL;                       \
+      reinterpret_cast<unsigned long long*>((a).lse + n_)                                                \
+          [(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * 16 + (i)] = t_;            \
+    }                                                                                                    \
+  } while (0)
+#else
+#define MLA_MARK(a, i, cond) \
+  do {                       \
+  } while (0)
+#endif
+
 #ifndef MLA_CPASYNC_FENCE
 #define MLA_CPASYNC_FENCE 1
 #endif

@@ -58,6 +58,8 @@
 //           lse (nsplit 1, staged in the Q region, lse by warpgroup 0) or the fp32 partial + {m, l}
 //           and the ticket (thread 0); merges won run after the last item on both warpgroups (the
 //           ring is idle then).
+// Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
+//           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
 #include "../common/decode_util.cuh"
@@ -184,10 +186,12 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     fence_mbarrier_init();
   }
 
+  MLA_MARK(a, 0, tid == 0);
   pdl_wait();  // no-op unless launched with programmatic stream serialization
 #if MLA_BALANCED
   // the scan's barriers also publish the barrier inits
   balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid);
+  MLA_MARK(a, 1, tid == 0);
   BalancedWalker walker = balanced_walker<THREADS>(reinterpret_cast<const int*>(smem + OFF_SCHED), (int)blockIdx.x,
                                                    (kvh * nmb + mb) * (a.num_splits + a.b));
   auto next_item = [&](WorkItem& w) -> bool { return walker.next(a, last_row, w); };
@@ -221,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         cp_async_wait_all();
         fence_proxy_async_smem();  // Q is read by wgmma only
         mbar_arrive(q_full_bar(sb));
+        MLA_MARK(a, 15, nq == 0 && tid == 288);
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
         auto page_of = [&](int tile) { return __ldg(bt_row + ((tile * 64) >> a.page_shift)); };
@@ -232,7 +237,9 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
           const int off = (tile * 64) & (a.page_size - 1);
           tma_tile_pieces<NSLOT>(slot_addr(sb, 0), full_bar(sb, 0), empty_bar(sb, 0), &k_cb, off, kvh, cur, slot, ph);
           cur = nxt;
+          MLA_MARK(a, 13, nq == 0 && k == 0);
         }
+        MLA_MARK(a, 14, true);
       }
       ++nq;
     }
@@ -266,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 
     if (nt > 0) {
       mbar_wait_wd(q_full_bar(sb), (u32)nq & 1u);  // this item's Q (fenced by its copy threads)
+      MLA_MARK(a, 2 + 3 * nq, nq < 3 && tid == 0);
 #pragma unroll 1
       for (int k = (gtile ^ cu) & 1; k < nt; k += 2) {
         const int tile = it.t_beg + k, p0 = 9 * (gtile + k);
@@ -321,6 +329,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         for (int m = 0; m < 8; ++m) release(piece_slot(p0 + m));
       }
       gtile += nt;
+      MLA_MARK(a, 3 + 3 * nq, nq < 3 && tid == 0);
     }
 
     // ---- row sums: over the 8 lanes g of a row, then over the warpgroup's 4 warps
@@ -434,13 +443,16 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         note_merge_won(s_merge, n_merge, it, tid);
     }
     if (nt > 0) {
+      MLA_MARK(a, 4 + 3 * nq, nq < 3 && tid == 0);
       mbar_arrive(q_empty_bar(sb));  // this item's reads of the Q region are done
       ++nq;
     }
   }  // items
   pdl_launch_dependents();
+  MLA_MARK(a, 11, tid == 0);
 
   // ---- merges won (both warpgroups): every issued load was consumed, the ring is idle
   run_merges_won<NQ, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_RING), kvh, nmb, mb, row0, rows,
                               tid, [] { named_bar_sync(BAR_BOTH, 256); });
+  MLA_MARK(a, 12, tid == 0);
 }

@@ -115,6 +115,8 @@
 //           CTA's smallest limit are masked.
 // Split     as dense_decode.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and {m, l},
 //           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0).
+// Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
+//           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
 #include "../common/decode_util.cuh"
@@ -450,11 +452,13 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   float* sM = reinterpret_cast<float*>(smem + OFF_SM);
   if (tid < 64) sM[tid] = M_INIT;
 
+  MLA_MARK(a, 0, tid == 0);
   pdl_wait();  // no-op unless launched with programmatic stream serialization
   // The CTA's work items (kernels/mla/common/work_items.cuh); every thread walks the same list.
 #if MLA_BALANCED
   // The scan's barriers also publish the barrier inits and sM (the last CTA-wide barriers: WG2 leaves early).
   balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid);
+  MLA_MARK(a, 1, tid == 0);
   BalancedWalker walker;  // read from shared memory by each role after its setmaxnreg
   auto start_walk = [&](int group) {
     walker = balanced_walker<THREADS>(reinterpret_cast<const int*>(smem + OFF_SCHED), (int)blockIdx.x,
@@ -496,6 +500,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         cp_async_wait_all();
         fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
         mbar_arrive(q_bar(sb));
+        MLA_MARK(a, 15, nq == 0 && tid == 288);
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
         TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
@@ -518,7 +523,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
           s0 = n0;
           s1 = n1;
+          MLA_MARK(a, 13, nq == 0 && it == 0);
         }
+        MLA_MARK(a, 14, true);
       }
       gp += npairs;
       ++nq;
@@ -615,8 +622,11 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (tid == 0) s_merge[0] = s_merge[3] = -1;
   int n_merge = 0;  // uniform over the consumer threads
   WorkItem w;
+  int ni = 0;  // items so far (trace stamps only)
 #pragma unroll 1
   while (next_item(w, last_row)) {
+  const int ti = ni++;
+  (void)ti;
   const int len = w.len, npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
   const int lim_lo = min(row_key_limit(a, len, row0 + r_lo), tok_end);
   const int lim_hi = min(row_key_limit(a, len, row0 + r_hi), tok_end);
@@ -633,6 +643,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (npairs > 0) {
     // ---- prologue: S0 = Q K0^T (WG0) / S1 = Q K1^T (WG1) of the first pair
     mbar_wait_wd(q_bar(sb), (u32)nq & 1u);
+    MLA_MARK(a, 2 + 3 * ti, ti < 3 && tid == 0);
     reg_fence(o);
     reg_fence(s);
     const u32 ph0 = (u32)gp & 1u;
@@ -815,6 +826,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #else
   pdl_launch_dependents();
 #endif
+  MLA_MARK(a, 3 + 3 * ti, ti < 3 && tid == 0);
 
   // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM)
   float L_lo, L_hi;
@@ -838,6 +850,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (w.nsplit == 1) {
     store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, w.req, kvh, row0 + r); },
                        [&](int r) { return lse_ptr(a, w.req, kvh, row0 + r); });
+    MLA_MARK(a, 4 + 3 * ti, ti < 3 && tid == 0);
     continue;
   }
   // ---- a shared request: this item's partial (written even when empty), then the ticket
@@ -846,10 +859,13 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), w.nsplit, tid,
                      [] { named_bar_sync(BAR_EPI, 256); }))
     note_merge_won(s_merge, n_merge, w, tid);
+  MLA_MARK(a, 4 + 3 * ti, ti < 3 && tid == 0);
   }  // items
+  MLA_MARK(a, 11, tid == 0);
 
   // ---- merges won: no load is in flight (every issued load was consumed), the K slots are free
   run_merges_won<MLA_BLOCK_M, 256, DT, MLA_FP8 ? 4 : 8>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_K0), kvh, nmb, mb,
                                        row0, rows, tid, [] { named_bar_sync(BAR_EPI, 256); });
+  MLA_MARK(a, 12, tid == 0);
   }  // consumer warpgroups
 }

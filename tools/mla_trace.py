@@ -1,0 +1,138 @@
+"""Where does an MLA decode launch spend its time, CTA by CTA? (development; needs a GPU)
+
+Builds the MLA routes with MLA_TRACE=1 (GQADRV_MLA_TRACE=1: %globaltimer stamps written by one thread
+per CTA, kernels/mla/common/decode_util.cuh MLA_MARK; the seesaw and narrow2 kernels carry them), runs
+one launch after warm-up launches (hot L2 as in the bench's graphs, but a single launch: no
+programmatic overlap with a previous one) and prints, per backend and row, the stamps relative to the
+earliest CTA start (min / median / max over CTAs) and derived spans.
+
+    GQADRV_MLA_EXPERIMENTS=1 python tools/mla_trace.py 128,1,16,4096 128,1,64,4096 \\
+        --backends narrow16_bal,narrow16_bal_cut32 seesaw_bal,seesaw_bal_cut32
+
+Rows are the bench's `b,s_q,h_q,L[,kind]` (kind uniform / varlen / skew / spread, as `bench --op mla`);
+each backend group applies to the rows its kernel serves (h_q <= 16 for narrow*, any for seesaw*).
+Stamps: 0 entry, 1 schedule scan done, 2/5/8 item 0/1/2 Q ready (consumer side), 3/6/9 its last tile
+done, 4/7/10 its epilogue done (out stored, or partial stored and ticket drawn), 11 all items done,
+12 merges won done, 13 first K load issued, 14 last K load issued (producer thread), 15 item 0's Q
+copied (a Q loader). A stamp that a CTA did not reach stays 0 and is left out of its statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ["GQADRV_MLA_TRACE"] = "1"
+
+import numpy as np  # noqa: E402
+
+NAMES = {0: "entry", 1: "scan", 2: "i0 q", 3: "i0 tiles", 4: "i0 epi", 5: "i1 q", 6: "i1 tiles", 7: "i1 epi",
+         8: "i2 q", 9: "i2 tiles", 10: "i2 epi", 11: "items", 12: "merges", 13: "tma0", 14: "tma_end", 15: "q0"}
+
+
+def lengths(b: int, L: int, kind: str) -> list[int]:
+    """The bench's length patterns (gqadrv/mla/bench.py)."""
+    if kind == "varlen":
+        return [L + 2 * i for i in range(b)]
+    if kind == "skew":
+        return [16 * L] + [L] * (b - 1)
+    if kind == "spread":
+        ramp = [L // 4 + (3 * L // 2) * i // max(1, b - 1) for i in range(b)]
+        return [ramp[(37 * i) % b] for i in range(b)] if b % 37 else ramp
+    return [L] * b
+
+
+def trace_row(row: str, backend: str, cp) -> str:
+    import ml_dtypes
+
+    import gqadrv
+
+    parts = row.split(",")
+    b, s_q, h_q, L = (int(x) for x in parts[:4])
+    kind = parts[4] if len(parts) > 4 else "uniform"
+    lens = lengths(b, L, kind)
+    page = 64
+    max_blocks = -(-max(lens) // page)
+    rs = cp.random.RandomState(7)
+    k = (rs.standard_normal((b * max_blocks, page, 1, 576), dtype=cp.float32) / 10).astype(ml_dtypes.bfloat16)
+    q = (rs.standard_normal((b, s_q, h_q, 576), dtype=cp.float32) / 10).astype(ml_dtypes.bfloat16)
+    bt = cp.arange(b * max_blocks, dtype=cp.int32).reshape(b, max_blocks)
+    sl = cp.asarray(np.array(lens, np.int32))
+    out = cp.empty((b, s_q, h_q, 512), q.dtype)
+    n_lse = b * h_q * s_q
+    base = (n_lse + 1) & ~1
+    max_ctas = 1 << 16
+    big = cp.zeros(base + 2 * 16 * max_ctas, cp.float32)  # lse, then u64 stamps per CTA
+    lse = big[:n_lse].reshape(b, h_q, s_q)
+    p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=s_q > 1, backend=backend)
+    grid = p.grid
+    n_cta = grid[0] * grid[1] * grid[2]
+    if n_cta > max_ctas:
+        return f"{row} {backend}: grid {grid} too large for the trace buffer"
+    for _ in range(20):
+        gqadrv.launch_prepared(p)
+    cp.cuda.Device().synchronize()
+    big[base:] = 0
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    gqadrv.launch_prepared(p)
+    e1.record()
+    e1.synchronize()
+    us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
+    st = big[base:base + 2 * 16 * n_cta].view(cp.uint64).get().reshape(n_cta, 16).astype(np.int64)
+    t0 = st[:, 0][st[:, 0] > 0].min()
+    rel = np.where(st > 0, (st - t0) / 1e3, np.nan)  # us
+    lines = [f"{row} {backend} ({p.route}, grid {grid}, {n_cta} CTAs): event time {us:.1f} us"]
+    lines.append("  stamp          n    min      med      max   (us from the first CTA's entry)")
+    for i in range(16):
+        col = rel[:, i]
+        col = col[~np.isnan(col)]
+        if len(col):
+            lines.append(f"  {i:2d} {NAMES[i]:9s} {len(col):5d} {col.min():8.2f} {np.median(col):8.2f} {col.max():8.2f}")
+
+    def span(a_, b_, label):
+        d = rel[:, b_] - rel[:, a_]
+        d = d[~np.isnan(d)]
+        if len(d):
+            lines.append(f"  {label:34s} n {len(d):4d}  min {d.min():7.2f}  med {np.median(d):7.2f}  max {d.max():7.2f}")
+
+    span(0, 1, "entry -> scan")
+    span(1, 2, "scan -> item 0 Q ready")
+    span(2, 3, "item 0 tiles")
+    span(3, 4, "item 0 epilogue")
+    span(4, 5, "item 0 epi -> item 1 Q ready")
+    span(5, 6, "item 1 tiles")
+    span(6, 7, "item 1 epilogue")
+    span(11, 12, "merges won")
+    span(0, 13, "entry -> first K load")
+    end = np.nanmax(rel[:, [4, 7, 10, 11, 12]], axis=1)
+    lines.append(f"  CTA end (last stamp): min {np.nanmin(end):.2f} med {np.nanmedian(end):.2f} max {np.nanmax(end):.2f}"
+                 f"; busiest 5 CTAs {', '.join(f'{x:.1f}' for x in np.sort(end)[-5:])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("rows", nargs="+", help="b,s_q,h_q,L[,kind]")
+    ap.add_argument("--backends", nargs="+", default=["narrow16_bal", "seesaw_bal"],
+                    help="comma-separated backend groups; narrow* groups run on rows with h_q <= 16 only")
+    a = ap.parse_args(argv)
+    import cupy as cp
+
+    for group in a.backends:
+        for row in a.rows:
+            h_q = int(row.split(",")[2])
+            for backend in group.split(","):
+                if backend.startswith("narrow") and h_q > 16:
+                    continue
+                try:
+                    print(trace_row(row, backend, cp), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report and go on with the next row
+                    print(f"{row} {backend}: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
