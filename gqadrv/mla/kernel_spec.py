@@ -315,9 +315,26 @@ def l2_experiments() -> dict:
     return out
 
 
+def partial_l2_experiments(schedule: dict) -> dict:
+    """``<variant>_pl2`` for every balanced variant and for its ``_cut32`` schedule experiment: the same
+    build with MLA_PARTIAL_L2=1 (split partials stored with an L2 evict_last policy and discarded from
+    L2 once merged; tools/mla_trace.py showed the merges of cut requests reading partials that had been
+    evicted to DRAM; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    out = {}
+    bases = [k for k in DEFAULT_VARIANTS if k.balanced] + [v for n, v in schedule.items() if n.endswith("_cut32")]
+    for base in bases:
+        name = f"{base.name}_pl2"
+        out[name] = dataclasses.replace(
+            base, name=name, doc=f"{base.name} with MLA_PARTIAL_L2=1 (partials kept in L2 until merged, then "
+                                 f"discarded; experiment, {EXPERIMENTS_ENV}=1)",
+            fixed_defines=base.fixed_defines + (("MLA_PARTIAL_L2", 1),))
+    return out
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(schedule_experiments())
     KERNELS.update(l2_experiments())
+    KERNELS.update(partial_l2_experiments(schedule_experiments()))
 
 
 def kernel(variant: str) -> KernelVariant:

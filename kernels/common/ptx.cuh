@@ -243,6 +243,20 @@ GQADRV_DEVICE u64 l2_policy_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
+GQADRV_DEVICE u64 l2_policy_evict_last() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// Stores with an L2 cache policy (e.g. evict_last for data read back later in the same launch).
+GQADRV_DEVICE void st_f32_l2hint(float* p, float a, u64 pol) {
+  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(a), "l"(pol) : "memory");
+}
+GQADRV_DEVICE void st_f32x2_l2hint(float* p, float a, float b, u64 pol) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(a), "f"(b), "l"(pol) : "memory");
+}
+// Drop the 128-byte L2 line at p (128-byte aligned) without writing it back: for dead scratch data.
+GQADRV_DEVICE void discard_l2_line(const void* p) { asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory"); }
 // Programmatic dependent launch: wait for the preceding grid's memory, let the next grid start.
 GQADRV_DEVICE void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 GQADRV_DEVICE void pdl_launch_dependents() {

@@ -346,3 +346,28 @@ def test_l2_evict_first_experiment_variants(isolated_cache):
             m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
             ptx = m.ptx.decode()
             assert ("L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_first" in ptx) == hinted, name
+
+
+def test_partial_l2_experiment_variants(isolated_cache):
+    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_pl2 for the balanced variants and their cut32
+    schedule experiments (MLA_PARTIAL_L2=1 on top of their defines): their partial stores carry an
+    L2 evict_last policy and their merges discard the partials' lines; the default builds do neither.
+    Built and checked here; not yet run on a GPU (docs/MLA.md)."""
+    from gqadrv.mla import kernel_spec
+    from gqadrv.runtime.compiler import compile_module
+
+    sched = kernel_spec.schedule_experiments()
+    pl2 = kernel_spec.partial_l2_experiments(sched)
+    assert set(pl2) == {"seesaw_bal_pl2", "narrow16_bal_pl2", "seesaw_bal_cut32_pl2", "narrow16_bal_cut32_pl2"}
+    for name, v in pl2.items():
+        base = kernel_spec.KERNELS[name[:-4]] if name[:-4] in kernel_spec.KERNELS else sched[name[:-4]]
+        assert v.fixed_defines == base.fixed_defines + (("MLA_PARTIAL_L2", 1),)
+        assert (v.source, v.entry, v.smem_bytes, v.balanced) == (base.source, base.entry, base.smem_bytes, True)
+    for v, hinted in ((kernel_spec.KERNELS["narrow16_bal"], False), (pl2["narrow16_bal_cut32_pl2"], True),
+                      (kernel_spec.KERNELS["seesaw_bal"], False), (pl2["seesaw_bal_pl2"], True)):
+        m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
+        ptx = m.ptx.decode()
+        assert ("createpolicy.fractional.L2::evict_last" in ptx) == hinted, v.name
+        assert ("discard.global.L2" in ptx) == hinted, v.name
+        r = m.resources[next(iter(m.resources))]
+        assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)

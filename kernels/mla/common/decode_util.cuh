@@ -191,21 +191,38 @@ GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128],
 }
 // S > 1: the unnormalised fp32 O and {m, L} of the valid rows to the workspace, partial row slot0 + r
 // (written even when the split was empty).
+// MLA_PARTIAL_L2=1 (experiment): the stores carry an L2 evict_last policy, so that a partial written
+// early in the launch is still in L2 when the merging CTA reads it at the end, and the merge drops the
+// lines afterwards (discard: never written back to DRAM).
+GQADRV_DEVICE void store_partial2(float* p, float x, float y) {
+#if MLA_PARTIAL_L2
+  st_f32x2_l2hint(p, x, y, l2_policy_evict_last());
+#else
+  *reinterpret_cast<F32x2*>(p) = F32x2{x, y};
+#endif
+}
+GQADRV_DEVICE void store_partial1(float* p, float x) {
+#if MLA_PARTIAL_L2
+  st_f32_l2hint(p, x, l2_policy_evict_last());
+#else
+  *p = x;
+#endif
+}
 GQADRV_DEVICE void store_partial_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, long long slot0,
                                       int wg, int t) {
   if (rp.v_lo) {
     float* dst = a.ws_o + (slot0 + rp.lo) * D_V + 256 * wg + 2 * t;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j], o[4 * j + 1]};
+    for (int j = 0; j < 32; ++j) store_partial2(dst + 8 * j, o[4 * j], o[4 * j + 1]);
   }
   if (rp.v_hi) {
     float* dst = a.ws_o + (slot0 + rp.hi) * D_V + 256 * wg + 2 * t;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<F32x2*>(dst + 8 * j) = F32x2{o[4 * j + 2], o[4 * j + 3]};
+    for (int j = 0; j < 32; ++j) store_partial2(dst + 8 * j, o[4 * j + 2], o[4 * j + 3]);
   }
   if (wg == 0 && t == 0) {
-    if (rp.v_lo) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + rp.lo)) = F32x2{rp.m_lo, rp.L_lo};
-    if (rp.v_hi) *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (slot0 + rp.hi)) = F32x2{rp.m_hi, rp.L_hi};
+    if (rp.v_lo) store_partial2(a.ws_ml + 2 * (slot0 + rp.lo), rp.m_lo, rp.L_lo);
+    if (rp.v_hi) store_partial2(a.ws_ml + 2 * (slot0 + rp.hi), rp.m_hi, rp.L_hi);
   }
 }
 
@@ -307,6 +324,18 @@ GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long 
       }
     }
   }
+#if MLA_PARTIAL_L2
+  // the S partials are dead: drop their L2 lines (ws_o rows of 2 KB, ws_ml blocks of BM x 8 bytes; the
+  // workspace arrays and every slot are 128-byte aligned: BM is a multiple of 16)
+  sync();  // every thread's loads of the partials are done
+  static_assert(BM % 16 == 0, "ws_ml blocks must fill whole 128-byte lines");
+  for (int i = tid; i < S * rows * (D_V / 32); i += NT) {
+    const int sp = i / (rows * (D_V / 32)), rem = i - sp * (rows * (D_V / 32));
+    discard_l2_line(a.ws_o + (part0 + (long long)sp * BM + rem / (D_V / 32)) * D_V + (rem % (D_V / 32)) * 32);
+  }
+  for (int i = tid; i < S * (BM / 16); i += NT)
+    discard_l2_line(a.ws_ml + 2 * (part0 + (long long)(i / (BM / 16)) * BM) + 32 * (i % (BM / 16)));
+#endif
   if (tid == 0) store_relaxed_gpu(a.counters + counter, 0u);  // the next launch / graph replay needs no memset
 }
 template <int BM, int NT, int DT, class OutRow, class LseAt, class Sync>

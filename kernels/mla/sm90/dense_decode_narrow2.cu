@@ -432,9 +432,8 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
             for (int mm = 0; mm < 4; ++mm)
 #pragma unroll
               for (int h = 0; h < 2; ++h)
-                dst[64 * mm + 8 * h] = cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e];
-            if (cu == 0 && w == 0 && g == 0)
-              *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (prow0 + n)) = F32x2{m_run[j][e], Lr[j][e]};
+                store_partial1(dst + 64 * mm + 8 * h, cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e]);
+            if (cu == 0 && w == 0 && g == 0) store_partial2(a.ws_ml + 2 * (prow0 + n), m_run[j][e], Lr[j][e]);
           }
         }
       const long long unit = ((long long)it.req * a.h_kv + kvh) * nmb + mb;
