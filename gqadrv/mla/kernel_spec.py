@@ -301,18 +301,20 @@ def schedule_experiments() -> dict:
     return out
 
 
+def _derived(base: KernelVariant, suffix: str, what: str, extra: tuple) -> tuple[str, KernelVariant]:
+    """(name, variant): ``base`` built with the ``extra`` defines, named ``<base>_<suffix>`` (an
+    experiment, registered only under GQADRV_MLA_EXPERIMENTS=1)."""
+    name = f"{base.name}_{suffix}"
+    return name, dataclasses.replace(base, name=name, doc=f"{base.name} with {what} (experiment, {EXPERIMENTS_ENV}=1)",
+                                     fixed_defines=base.fixed_defines + extra)
+
+
 def l2_experiments() -> dict:
     """``<variant>_ef`` for every variant whose K tiles arrive by TMA (the TMA seesaw and narrow kernels,
     split and balanced grids): the same build with MLA_K_EVICT_FIRST=1 (an L2 evict-first policy on
     the K loads, as FlashMLA's; experiment, {EXPERIMENTS_ENV}=1)."""
-    out = {}
-    for base in [k for k in DEFAULT_VARIANTS if k.tma_boxes]:
-        name = f"{base.name}_ef"
-        out[name] = dataclasses.replace(
-            base, name=name, doc=f"{base.name} with an L2 evict-first policy on the K loads (experiment, "
-                                 f"{EXPERIMENTS_ENV}=1)",
-            fixed_defines=base.fixed_defines + (("MLA_K_EVICT_FIRST", 1),))
-    return out
+    return dict(_derived(base, "ef", "an L2 evict-first policy on the K loads", (("MLA_K_EVICT_FIRST", 1),))
+                for base in DEFAULT_VARIANTS if base.tma_boxes)
 
 
 def partial_l2_experiments(schedule: dict) -> dict:
@@ -320,15 +322,9 @@ def partial_l2_experiments(schedule: dict) -> dict:
     build with MLA_PARTIAL_L2=1 (split partials stored with an L2 evict_last policy and discarded from
     L2 once merged; tools/mla_trace.py showed the merges of cut requests reading partials that had been
     evicted to DRAM; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    out = {}
     bases = [k for k in DEFAULT_VARIANTS if k.balanced] + [v for n, v in schedule.items() if n.endswith("_cut32")]
-    for base in bases:
-        name = f"{base.name}_pl2"
-        out[name] = dataclasses.replace(
-            base, name=name, doc=f"{base.name} with MLA_PARTIAL_L2=1 (partials kept in L2 until merged, then "
-                                 f"discarded; experiment, {EXPERIMENTS_ENV}=1)",
-            fixed_defines=base.fixed_defines + (("MLA_PARTIAL_L2", 1),))
-    return out
+    return dict(_derived(base, "pl2", "MLA_PARTIAL_L2=1 (partials kept in L2 until merged, then discarded)",
+                         (("MLA_PARTIAL_L2", 1),)) for base in bases)
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":
