@@ -24,7 +24,8 @@
 # family (gqa_decode's layout families: GPU tests, host cost, tools/profile_family_steps.py);
 # mla_varlen (the MLA rows of unequal lengths with both peers; run fmla first for FlashMLA);
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
-# schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, against the default); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
+# schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, against the default); mla_trace
+# (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
 set -u
@@ -94,6 +95,11 @@ for step in $STEPS; do
              --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,64,8192,spread 128,1,16,8192,spread \
              --backends seesaw_bal,seesaw_bal_pl2 narrow16_bal,narrow16_bal_pl2 > "$OUT/mla_pl2_trace.txt" 2>&1 ;;
+  mla_trace) # per-CTA timelines of the balanced MLA kernels (tools/mla_trace.py, MLA_TRACE builds): whether the
+             # same SMs stream slowest in every launch, the cut mode's epilogues and merges; raw stamps kept
+             GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,16,4096 128,1,64,4096 128,1,64,8192,spread \
+               --backends narrow16_bal,narrow16_bal_cut32 seesaw_bal,seesaw_bal_cut32 --launches 3 \
+               --json "$OUT/mla_trace.json" > "$OUT/mla_trace.txt" 2>&1 ;;
   layouts) # the layout-keyed convenience plans (GQA, MLA, jax.jit's XLA buffers) and the files whose second
            # calls take them (the MLA grid, torch / JAX integrations)
            python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider -rf tests/gqa/test_layout_cache_gpu.py \

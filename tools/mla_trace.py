@@ -29,7 +29,8 @@ os.environ["GQADRV_MLA_TRACE"] = "1"
 import numpy as np  # noqa: E402
 
 NAMES = {0: "entry", 1: "scan", 2: "i0 q", 3: "i0 tiles", 4: "i0 epi", 5: "i1 q", 6: "i1 tiles", 7: "i1 epi",
-         8: "i2 q", 9: "i2 tiles", 10: "i2 epi", 11: "items", 12: "merges", 13: "tma0", 14: "tma_end", 15: "q0"}
+         8: "i2 q", 9: "i2 tiles", 10: "i2 epi", 11: "items", 12: "merges", 13: "tma0", 14: "tma_end"}
+SM_SLOT = 15
 
 
 def lengths(b: int, L: int, kind: str) -> list[int]:
@@ -44,7 +45,7 @@ def lengths(b: int, L: int, kind: str) -> list[int]:
     return [L] * b
 
 
-def trace_row(row: str, backend: str, cp) -> str:
+def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = None) -> str:
     import ml_dtypes
 
     import gqadrv
@@ -74,19 +75,25 @@ def trace_row(row: str, backend: str, cp) -> str:
     for _ in range(20):
         gqadrv.launch_prepared(p)
     cp.cuda.Device().synchronize()
-    big[base:] = 0
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    gqadrv.launch_prepared(p)
-    e1.record()
-    e1.synchronize()
-    us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
-    st = big[base:base + 2 * 16 * n_cta].view(cp.uint64).get().reshape(n_cta, 16).astype(np.int64)
-    t0 = st[:, 0][st[:, 0] > 0].min()
-    rel = np.where(st > 0, (st - t0) / 1e3, np.nan)  # us
-    lines = [f"{row} {backend} ({p.route}, grid {grid}, {n_cta} CTAs): event time {us:.1f} us"]
+    runs = []
+    for _ in range(max(1, launches)):
+        big[base:] = 0
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        gqadrv.launch_prepared(p)
+        e1.record()
+        e1.synchronize()
+        st = big[base:base + 2 * 16 * n_cta].view(cp.uint64).get().reshape(n_cta, 16).astype(np.int64)
+        runs.append((cp.cuda.get_elapsed_time(e0, e1) * 1e3, st))
+    us, st = runs[0]
+    if raw is not None:
+        raw.append({"row": row, "backend": backend, "route": p.route, "grid": list(grid),
+                    "launches": [{"event_us": u, "stamps": x.tolist()} for u, x in runs]})
+    lines = [f"{row} {backend} ({p.route}, grid {grid}, {n_cta} CTAs): event time {us:.1f} us"
+             + (f" (repeats: {', '.join(f'{u:.1f}' for u, _ in runs[1:])})" if len(runs) > 1 else "")]
+    rel = _relative(st)
     lines.append("  stamp          n    min      med      max   (us from the first CTA's entry)")
-    for i in range(16):
+    for i in NAMES:
         col = rel[:, i]
         col = col[~np.isnan(col)]
         if len(col):
@@ -110,7 +117,42 @@ def trace_row(row: str, backend: str, cp) -> str:
     end = np.nanmax(rel[:, [4, 7, 10, 11, 12]], axis=1)
     lines.append(f"  CTA end (last stamp): min {np.nanmin(end):.2f} med {np.nanmedian(end):.2f} max {np.nanmax(end):.2f}"
                  f"; busiest 5 CTAs {', '.join(f'{x:.1f}' for x in np.sort(end)[-5:])}")
+    lines += _sm_report(runs)
     return "\n".join(lines)
+
+
+def _relative(st):
+    """Stamps in us from the earliest entry; NaN where a CTA left a slot unwritten; the SM slot NaN."""
+    t0 = st[:, 0][st[:, 0] > 0].min()
+    rel = np.where(st > 0, (st - t0) / 1e3, np.nan)
+    rel[:, SM_SLOT] = np.nan
+    return rel
+
+
+def _sm_report(runs) -> list[str]:
+    """Item 0's streaming time per SM in each launch: the slowest and fastest SMs of the first launch,
+    and the correlation of the per-SM times between consecutive launches (near 1: the same SMs are
+    slow every time, i.e. where a CTA runs decides its speed; near 0: it changes from launch to launch)."""
+    per = []
+    for _, st in runs:
+        rel = _relative(st)
+        t = rel[:, 3] - rel[:, 2]
+        sm = st[:, SM_SLOT]
+        ok = ~np.isnan(t)
+        per.append({int(s): float(x) for s, x in zip(sm[ok], t[ok])})
+    if not per or not per[0]:
+        return []
+    first = sorted(per[0].items(), key=lambda kv: kv[1])
+    out = [f"  item 0 tiles by SM, launch 1: fastest {', '.join(f'sm{s} {x:.1f}' for s, x in first[:4])}; "
+           f"slowest {', '.join(f'sm{s} {x:.1f}' for s, x in first[-4:])}"]
+    for i in range(1, len(per)):
+        common = sorted(set(per[i - 1]) & set(per[i]))
+        if len(common) > 2:
+            a = np.array([per[i - 1][s] for s in common])
+            c = np.array([per[i][s] for s in common])
+            r = float(np.corrcoef(a, c)[0, 1]) if a.std() > 0 and c.std() > 0 else float("nan")
+            out.append(f"  per-SM item 0 tiles, launch {i} vs {i + 1}: correlation {r:.2f} over {len(common)} SMs")
+    return out
 
 
 def main(argv=None) -> int:
@@ -118,9 +160,14 @@ def main(argv=None) -> int:
     ap.add_argument("rows", nargs="+", help="b,s_q,h_q,L[,kind]")
     ap.add_argument("--backends", nargs="+", default=["narrow16_bal", "seesaw_bal"],
                     help="comma-separated backend groups; narrow* groups run on rows with h_q <= 16 only")
+    ap.add_argument("--launches", type=int, default=3, help="traced launches per row and backend (default 3)")
+    ap.add_argument("--json", help="write every stamp of every traced launch to this file")
     a = ap.parse_args(argv)
+    import json
+
     import cupy as cp
 
+    raw: list = []
     for group in a.backends:
         for row in a.rows:
             h_q = int(row.split(",")[2])
@@ -128,9 +175,12 @@ def main(argv=None) -> int:
                 if backend.startswith("narrow") and h_q > 16:
                     continue
                 try:
-                    print(trace_row(row, backend, cp), flush=True)
+                    print(trace_row(row, backend, cp, a.launches, raw), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next row
                     print(f"{row} {backend}: {type(exc).__name__}: {exc}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(raw, f)
     return 0
 
 

@@ -35,3 +35,36 @@ def test_trace_builds_stamp_and_default_builds_do_not(name, monkeypatch, isolate
     r = traced.resources[v.family.entry]
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
     assert traced.ptx.decode().count("%globaltimer") >= 8  # entry, scan, items, merges, producer stamps
+    assert "%smid" in traced.ptx.decode() and "%smid" not in plain.ptx.decode()
+
+
+def test_sm_report_tells_sm_bound_speed_from_launch_noise():
+    """tools/mla_trace.py's per-SM correlation: near 1 when each SM keeps its speed across launches
+    (CTAs placed on other SMs each time), near 0 when speeds are drawn anew per launch."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("mla_trace_tool", Path(__file__).resolve().parents[2] / "tools" / "mla_trace.py")
+    mt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mt)
+    rng = np.random.default_rng(0)
+    sm_speed = rng.uniform(150.0, 200.0, 132)
+
+    def runs(bound):
+        out = []
+        for _ in range(3):
+            st = np.zeros((132, 16), np.int64)
+            st[:, 0] = 1_000_000 + rng.integers(0, 100, 132)
+            st[:, 2] = st[:, 0] + 10_000
+            sm = rng.permutation(132)
+            t = sm_speed[sm] if bound else rng.uniform(150.0, 200.0, 132)
+            st[:, 3] = st[:, 2] + (t * 1000).astype(np.int64)
+            st[:, mt.SM_SLOT] = sm
+            out.append((200.0, st))
+        return out
+
+    corr = lambda lines: [float(x.split("correlation ")[1].split()[0]) for x in lines if "correlation" in x]
+    assert all(c > 0.99 for c in corr(mt._sm_report(runs(True))))
+    assert all(abs(c) < 0.3 for c in corr(mt._sm_report(runs(False))))

@@ -16,20 +16,33 @@
 // MLA_MARK(a, i, cond): the thread for which cond holds writes %globaltimer (ns) into stamp i (< 16)
 // of its CTA, CTA index x + X (y + Y z), in a u64 array that starts right after the lse elements
 // (b * h_kv * m_rows fp32, rounded up to 8 bytes): the tool passes an lse view of a larger buffer.
+// MLA_MARK_SM(a, i, cond): the same slot gets the SM the CTA runs on (%smid) instead of a time.
 #if MLA_TRACE
+#define MLA_TRACE_PUT(a, i, v)                                                                           \
+  reinterpret_cast<unsigned long long*>((a).lse + (((long long)(a).b * (a).h_kv * (a).m_rows + 1) & ~1LL)) \
+      [(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * 16 + (i)] = (v)
 #define MLA_MARK(a, i, cond)                                                                             \
   do {                                                                                                   \
     if (cond) {                                                                                          \
       unsigned long long t_;                                                                             \
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                            \
-      const long long n_ = ((long long)(a).b * (a).h_kv * (a).m_rows + 1) & ~1LL;                       \
-      reinterpret_cast<unsigned long long*>((a).lse + n_)                                                \
-          [(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * 16 + (i)] = t_;            \
+      MLA_TRACE_PUT(a, i, t_);                                                                           \
+    }                                                                                                    \
+  } while (0)
+#define MLA_MARK_SM(a, i, cond)                                                                          \
+  do {                                                                                                   \
+    if (cond) {                                                                                          \
+      unsigned int s_;                                                                                   \
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                                                   \
+      MLA_TRACE_PUT(a, i, (unsigned long long)s_);                                                       \
     }                                                                                                    \
   } while (0)
 #else
 #define MLA_MARK(a, i, cond) \
   do {                       \
+  } while (0)
+#define MLA_MARK_SM(a, i, cond) \
+  do {                          \
   } while (0)
 #endif
 

@@ -187,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   }
 
   MLA_MARK(a, 0, tid == 0);
+  MLA_MARK_SM(a, 15, tid == 0);
   pdl_wait();  // no-op unless launched with programmatic stream serialization
 #if MLA_BALANCED
   // the scan's barriers also publish the barrier inits
@@ -225,7 +226,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         cp_async_wait_all();
         fence_proxy_async_smem();  // Q is read by wgmma only
         mbar_arrive(q_full_bar(sb));
-        MLA_MARK(a, 15, nq == 0 && tid == 288);
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
         auto page_of = [&](int tile) { return __ldg(bt_row + ((tile * 64) >> a.page_shift)); };

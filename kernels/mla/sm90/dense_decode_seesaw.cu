@@ -453,6 +453,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (tid < 64) sM[tid] = M_INIT;
 
   MLA_MARK(a, 0, tid == 0);
+  MLA_MARK_SM(a, 15, tid == 0);
   pdl_wait();  // no-op unless launched with programmatic stream serialization
   // The CTA's work items (kernels/mla/common/work_items.cuh); every thread walks the same list.
 #if MLA_BALANCED
@@ -500,7 +501,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         cp_async_wait_all();
         fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
         mbar_arrive(q_bar(sb));
-        MLA_MARK(a, 15, nq == 0 && tid == 288);
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
         TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
