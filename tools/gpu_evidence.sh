@@ -82,19 +82,21 @@ for step in $STEPS; do
                  --mla-also ${name}_snap16 ${name}_snap32 ${name}_cut32 --mla-rows $rows \
                  --json "$OUT/mla_sched_$name.json" > "$OUT/mla_sched_$name.txt" 2>&1
              done ;;
-  mla_pl2) # partials kept in L2 until merged (MLA_PARTIAL_L2, kernel_spec.partial_l2_experiments) beside the
-           # default and the cut32 schedule, rows with cuts and uniform rows; then the balanced-grid GPU tests
-           # with the experiment variants forced (GQADRV_TEST_MLA_BACKENDS) and per-CTA traces of the merges
+  mla_pl2) # partials kept in L2 until merged (MLA_PARTIAL_L2, kernel_spec.partial_l2_experiments) and, at h_q 16,
+           # the asynchronous ticket (MLA_ASYNC_TICKET, async_ticket_experiments) beside the default and the cut32
+           # schedule, rows with cuts and uniform rows; then per-CTA traces of the merges (run the GPU test
+           # tests/mla/test_mla_experiments_gpu.py first: the experiment builds must be bit-identical)
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
              --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 --mla-rows 128,1,64,4096 \
              128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
              --json "$OUT/mla_pl2.json" > "$OUT/mla_pl2.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-             --mla-also narrow16_bal_pl2 narrow16_bal_cut32 narrow16_bal_cut32_pl2 --mla-rows 128,1,16,4096 \
+             --mla-also narrow16_bal_pl2 narrow16_bal_cut32 narrow16_bal_cut32_pl2 narrow16_bal_at narrow16_bal_cut32_at \
+             narrow16_bal_cut32_pl2_at --mla-rows 128,1,16,4096 \
              128,1,16,8192,spread 128,1,16,4096,skew 128,1,16,8192,varlen \
              --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,64,8192,spread 128,1,16,8192,spread \
-             --backends seesaw_bal,seesaw_bal_pl2 narrow16_bal,narrow16_bal_pl2 > "$OUT/mla_pl2_trace.txt" 2>&1 ;;
+             --backends seesaw_bal,seesaw_bal_pl2 narrow16_bal,narrow16_bal_pl2,narrow16_bal_cut32,narrow16_bal_cut32_at > "$OUT/mla_pl2_trace.txt" 2>&1 ;;
   mla_trace) # per-CTA timelines of the balanced MLA kernels (tools/mla_trace.py, MLA_TRACE builds): whether the
              # same SMs stream slowest in every launch, the cut mode's epilogues and merges; raw stamps kept
              GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,16,4096 128,1,64,4096 128,1,64,8192,spread \

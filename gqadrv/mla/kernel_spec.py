@@ -327,10 +327,26 @@ def partial_l2_experiments(schedule: dict) -> dict:
                          (("MLA_PARTIAL_L2", 1),)) for base in bases)
 
 
+def async_ticket_experiments(derived: dict) -> dict:
+    """``<variant>_at`` for ``narrow16_bal`` and its ``_cut32`` / ``_cut32_pl2`` experiments: the same
+    build with MLA_ASYNC_TICKET=1 (a producer-warpgroup thread draws the split tickets, so the consumers
+    do not wait for the ticket's release between items; dense_decode_narrow2.cu; 3 more mbarriers).
+    tools/mla_trace.py measured a cut item's first epilogue at 11.9 µs median against 3.6 µs for the same
+    work at the CTA's end (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    bases = [KERNELS["narrow16_bal"]] + [derived[n] for n in ("narrow16_bal_cut32", "narrow16_bal_cut32_pl2")]
+    out = {}
+    for base in bases:
+        name, v = _derived(base, "at", "MLA_ASYNC_TICKET=1 (tickets drawn by a producer thread)",
+                           (("MLA_ASYNC_TICKET", 1),))
+        out[name] = dataclasses.replace(v, smem_bytes=v.smem_bytes + 32)
+    return out
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(schedule_experiments())
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(schedule_experiments()))
+    KERNELS.update(async_ticket_experiments(KERNELS))
 
 
 def kernel(variant: str) -> KernelVariant:
