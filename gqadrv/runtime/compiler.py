@@ -101,7 +101,13 @@ class CompiledModule:
 # ----------------------------------------------------------------------------- locations
 @functools.cache
 def kernels_root() -> Path:
-    """Directory holding the .cu/.cuh sources (installed package data or the source checkout)."""
+    """Directory holding the .cu/.cuh sources: the source checkout this package was imported from
+    (``kernels/`` beside ``gqadrv/``), else the installed package data (gqadrv._kernels). The checkout
+    comes first so that a second tree put on PYTHONPATH compiles its own kernels even where an
+    editable install maps gqadrv._kernels to another checkout."""
+    p = Path(__file__).resolve().parents[2] / "kernels"
+    if (p / "common" / "ptx.cuh").is_file():
+        return p
     try:
         import importlib.resources as ir
 
@@ -110,9 +116,6 @@ def kernels_root() -> Path:
             return p
     except (ModuleNotFoundError, TypeError):
         pass
-    p = Path(__file__).resolve().parents[2] / "kernels"
-    if (p / "common" / "ptx.cuh").is_file():
-        return p
     raise FileNotFoundError(
         "gqadrv kernel sources were not found: neither the installed package data (gqadrv._kernels) "
         f"nor a source checkout ({p}) contains kernels/common/ptx.cuh. Reinstall gqadrv."

@@ -207,3 +207,27 @@ def test_cuda_toolkit_headers_resolve(tmp_path):
     )
     m = compile_module("h.cu", "sm_90a", root=tmp_path, need_cuda_headers=True, cache=CubinCache(None, False))
     assert "h" in m.resources
+
+
+def test_kernels_root_is_the_imported_checkouts_own(tmp_path):
+    """A second source tree put on PYTHONPATH compiles its own kernels/ (not those of an editable
+    install of another checkout, which gqadrv._kernels may point to)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gqadrv
+
+    src = Path(gqadrv.__file__).resolve().parents[1]
+    if not (src / "kernels" / "common" / "ptx.cuh").is_file():
+        import pytest
+
+        pytest.skip("gqadrv is imported from an installed wheel here, not from a source checkout")
+    shutil.copytree(src / "gqadrv", tmp_path / "gqadrv", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(src / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-c", "from gqadrv.runtime.compiler import kernels_root; print(kernels_root())"],
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()) == (tmp_path / "kernels").resolve()
