@@ -63,3 +63,43 @@ def test_experiment_builds_are_bit_identical_on_every_launch():
     env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+SCRIPT_HT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    rs = np.random.default_rng(5)
+    failures = []
+    for b, lens in ((128, [4096] * 128), (37, [int(x) for x in rs.integers(0, 3000, 37)]), (4, [0, 1, 65, 9000])):
+        mb = -(-max(max(lens), 1) // 64)
+        k = cp.asarray((rs.standard_normal((b * mb, 64, 1, 576)) / 10).astype(np.float16))
+        q = cp.asarray((rs.standard_normal((b, 1, 16, 576)) / 10).astype(np.float16))
+        bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
+        sl = cp.asarray(np.array(lens, np.int32))
+        ref_o, ref_l = gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, None, backend="narrow16x2_tma")
+        ref_o, ref_l = cp.asnumpy(ref_o).astype(np.float64), cp.asnumpy(ref_l).astype(np.float64)
+        for splits in (2, 4, 9):
+            p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=splits, backend="narrow16x2_tma_ht")
+            runs = []
+            for _ in range(3):
+                o, l = gqadrv.launch_prepared(p)
+                runs.append((cp.asnumpy(o).copy(), cp.asnumpy(l).copy()))
+            o, l = runs[0]
+            err = np.abs(o.astype(np.float64) - ref_o).max()
+            fin = np.isfinite(ref_l)
+            lerr = np.abs(l.astype(np.float64)[fin] - ref_l[fin]).max() if fin.any() else 0.0
+            same_inf = np.array_equal(np.isposinf(l), np.isposinf(ref_l))
+            repeat = all(np.array_equal(x[0], o) and np.array_equal(x[1], l) for x in runs)
+            if not (err <= 2e-3 and lerr <= 1e-3 and same_inf and repeat):
+                failures.append(f"b{b} S{splits}: out {err:.2e}, lse {lerr:.2e}, inf {same_inf}, repeat {repeat}")
+    print("FAILURES:", failures)
+    raise SystemExit(1 if failures else 0)
+""")
+
+
+def test_head_tail_launches_match_the_split_grid():
+    """narrow16x2_tma_ht (two PDL-chained launches: heads, then tails) against the one-launch split grid
+    (other split boundaries, so equal within rounding), lengths 0 / 1 / 65 / long; repeated launches
+    bit-identical (the last ticket merges whichever launch it belongs to)."""
+    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", SCRIPT_HT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
