@@ -91,6 +91,18 @@ SCRIPT_HT = textwrap.dedent("""
             repeat = all(np.array_equal(x[0], o) and np.array_equal(x[1], l) for x in runs)
             if not (err <= 2e-3 and lerr <= 1e-3 and same_inf and repeat):
                 failures.append(f"b{b} S{splits}: out {err:.2e}, lse {lerr:.2e}, inf {same_inf}, repeat {repeat}")
+        # lengths rewritten by a kernel right before the launch (the tail grid reads them before its
+        # griddepcontrol.wait, after the head grid's): 20 rounds, each against the one-launch split grid
+        p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend="narrow16x2_tma_ht")
+        po = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend="narrow16x2_tma")
+        for r in range(20):
+            sl[:] = cp.asarray(rs.integers(0, max(lens) + 1, b).astype(np.int32))
+            o, l = gqadrv.launch_prepared(p)
+            oo, lo = gqadrv.launch_prepared(po)
+            e = float(cp.abs(o.astype(cp.float64) - oo.astype(cp.float64)).max())
+            if e > 2e-3:
+                failures.append(f"b{b} rewritten lengths round {r}: out {e:.2e}")
+                break
     print("FAILURES:", failures)
     raise SystemExit(1 if failures else 0)
 """)

@@ -69,7 +69,10 @@
 //           launches chained by PDL: split 0 of every request (its head, HEAD64 / 64 of the pairs, flags
 //           bits 8..14), which calls launch_dependents right after its own wait, then the tail grid
 //           (MLA_FLAG_TAIL_GRID: splits 1 .. S - 1), which streams without waiting, takes the same
-//           tickets, and waits for the head grid (griddepcontrol.wait) only before its CTAs exit.
+//           tickets, and waits for the head grid (griddepcontrol.wait) only before its CTAs exit. The
+//           tail grid starts only after every head CTA passed its own griddepcontrol.wait, i.e. after
+//           the kernel before the head grid completed; it reads lengths and the block table with
+//           L2-only loads (ld.global.cg) and K by TMA, Q by cp.async.cg (both L2).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
@@ -309,7 +312,12 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         mbar_arrive(q_full_bar(sb));
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
+#if MLA_HEAD_TAIL
+        // the tail grid reads before griddepcontrol.wait: L2-only loads (no L1 / texture line of an older kernel)
+        auto page_of = [&](int tile) { return ld_cg_s32(bt_row + ((tile * 64) >> a.page_shift)); };
+#else
         auto page_of = [&](int tile) { return __ldg(bt_row + ((tile * 64) >> a.page_shift)); };
+#endif
         int cur = page_of(w.t_beg);
 #pragma unroll 1
         for (int k = 0; k < nt; ++k) {
