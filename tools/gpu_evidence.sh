@@ -88,7 +88,7 @@ for step in $STEPS; do
            # schedule, rows with cuts and uniform rows; then per-CTA traces of the merges (run the GPU test
            # tests/mla/test_mla_experiments_gpu.py first: the experiment builds must be bit-identical)
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-             --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 --mla-rows 128,1,64,4096 \
+             --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 seesaw_tma seesaw_tma_ht --mla-rows 128,1,64,4096 \
              128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
              --json "$OUT/mla_pl2.json" > "$OUT/mla_pl2.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \

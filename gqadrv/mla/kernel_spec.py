@@ -347,13 +347,13 @@ def async_ticket_experiments(derived: dict) -> dict:
 
 
 def head_tail_experiments() -> dict:
-    """``narrow16x2_tma_ht`` (MLA_HEAD_TAIL=1): the split grid as two launches chained by PDL, split 0
+    """``narrow16x2_tma_ht`` and ``seesaw_tma_ht`` (MLA_HEAD_TAIL=1): the split grid as two launches chained by PDL, split 0
     (the first HEAD_TAIL_HEAD64 / 64 of every request's pairs) and then splits 1 .. S - 1 (the tails),
     whose CTAs start on idle SMs and wherever a head CTA exits, so the block scheduler evens out the
     CTA ends that tools/mla_trace.py measured (experiment, GQADRV_MLA_EXPERIMENTS=1; prepare_mla_decode
     only, num_splits >= 2)."""
-    return dict([_derived(KERNELS["narrow16x2_tma"], "ht", "MLA_HEAD_TAIL=1 (a head launch and a PDL-chained tail launch)",
-                          (("MLA_HEAD_TAIL", 1),))])
+    return dict(_derived(KERNELS[name], "ht", "MLA_HEAD_TAIL=1 (a head launch and a PDL-chained tail launch)",
+                         (("MLA_HEAD_TAIL", 1),)) for name in ("narrow16x2_tma", "seesaw_tma"))
 
 
 def is_head_tail(variant: str) -> bool:

@@ -69,16 +69,19 @@ SCRIPT_HT = textwrap.dedent("""
     import cupy as cp, numpy as np, gqadrv
     rs = np.random.default_rng(5)
     failures = []
-    for b, lens in ((128, [4096] * 128), (37, [int(x) for x in rs.integers(0, 3000, 37)]), (4, [0, 1, 65, 9000])):
+    cases = [(16, "narrow16x2_tma", 128, [4096] * 128), (16, "narrow16x2_tma", 37, [int(x) for x in rs.integers(0, 3000, 37)]),
+             (16, "narrow16x2_tma", 4, [0, 1, 65, 9000]), (64, "seesaw_tma", 128, [4096] * 128),
+             (128, "seesaw_tma", 9, [int(x) for x in rs.integers(0, 5000, 9)])]
+    for h_q, fam, b, lens in cases:
         mb = -(-max(max(lens), 1) // 64)
         k = cp.asarray((rs.standard_normal((b * mb, 64, 1, 576)) / 10).astype(np.float16))
-        q = cp.asarray((rs.standard_normal((b, 1, 16, 576)) / 10).astype(np.float16))
+        q = cp.asarray((rs.standard_normal((b, 1, h_q, 576)) / 10).astype(np.float16))
         bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
         sl = cp.asarray(np.array(lens, np.int32))
-        ref_o, ref_l = gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, None, backend="narrow16x2_tma")
+        ref_o, ref_l = gqadrv.flash_mla_with_kvcache(q, k, bt, sl, 512, None, backend=fam)
         ref_o, ref_l = cp.asnumpy(ref_o).astype(np.float64), cp.asnumpy(ref_l).astype(np.float64)
         for splits in (2, 4, 9):
-            p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=splits, backend="narrow16x2_tma_ht")
+            p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=splits, backend=fam + "_ht")
             runs = []
             for _ in range(3):
                 o, l = gqadrv.launch_prepared(p)
@@ -90,18 +93,18 @@ SCRIPT_HT = textwrap.dedent("""
             same_inf = np.array_equal(np.isposinf(l), np.isposinf(ref_l))
             repeat = all(np.array_equal(x[0], o) and np.array_equal(x[1], l) for x in runs)
             if not (err <= 2e-3 and lerr <= 1e-3 and same_inf and repeat):
-                failures.append(f"b{b} S{splits}: out {err:.2e}, lse {lerr:.2e}, inf {same_inf}, repeat {repeat}")
+                failures.append(f"{fam} b{b} S{splits}: out {err:.2e}, lse {lerr:.2e}, inf {same_inf}, repeat {repeat}")
         # lengths rewritten by a kernel right before the launch (the tail grid reads them before its
         # griddepcontrol.wait, after the head grid's): 20 rounds, each against the one-launch split grid
-        p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend="narrow16x2_tma_ht")
-        po = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend="narrow16x2_tma")
+        p = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend=fam + "_ht")
+        po = gqadrv.prepare_mla_decode(q, k, bt, sl, 512, num_splits=4, backend=fam)
         for r in range(20):
             sl[:] = cp.asarray(rs.integers(0, max(lens) + 1, b).astype(np.int32))
             o, l = gqadrv.launch_prepared(p)
             oo, lo = gqadrv.launch_prepared(po)
             e = float(cp.abs(o.astype(cp.float64) - oo.astype(cp.float64)).max())
             if e > 2e-3:
-                failures.append(f"b{b} rewritten lengths round {r}: out {e:.2e}")
+                failures.append(f"{fam} b{b} rewritten lengths round {r}: out {e:.2e}")
                 break
     print("FAILURES:", failures)
     raise SystemExit(1 if failures else 0)
@@ -109,7 +112,7 @@ SCRIPT_HT = textwrap.dedent("""
 
 
 def test_head_tail_launches_match_the_split_grid():
-    """narrow16x2_tma_ht (two PDL-chained launches: heads, then tails) against the one-launch split grid
+    """narrow16x2_tma_ht / seesaw_tma_ht (two PDL-chained launches: heads, then tails) against the one-launch split grid
     (other split boundaries, so equal within rounding), lengths 0 / 1 / 65 / long; repeated launches
     bit-identical (the last ticket merges whichever launch it belongs to)."""
     env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

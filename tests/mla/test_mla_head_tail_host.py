@@ -81,6 +81,10 @@ SCRIPT = textwrap.dedent("""
         assert "prepare_mla_decode" in str(e), e
     else:
         raise AssertionError("the convenience call accepted the two-launch experiment")
+    q64 = FakeT(aligned((b, 1, 64, 576))); o64 = FakeT(aligned((b, 1, 64, 512))); l64 = FakeT(aligned((b, 64, 1), np.float32))
+    p = gqadrv.prepare_mla_decode(q64, k, bt, sl, 512, backend="seesaw_tma_ht", out=o64, lse=l64, stream=7)
+    assert len(p.plans) == 2 and p.plans[0].grid == (1, 1, b) and p.plans[1].grid == (ks.HEAD_TAIL_SPLITS - 1, 1, b)
+    assert p.plans[1].args.get_field("args.flags") & ks.FLAG_TAIL_GRID
     print("OK")
 """)
 
