@@ -87,6 +87,8 @@ for step in $STEPS; do
            # (MLA_HEAD_TAIL, narrow16x2_tma_ht, against the one-launch split grid) beside the default and the cut32
            # schedule, rows with cuts and uniform rows; then per-CTA traces of the merges (run the GPU test
            # tests/mla/test_mla_experiments_gpu.py first: the experiment builds must be bit-identical)
+           python3 -m pytest -q -m gpu --timeout=600 -p no:cacheprovider -rf tests/mla/test_mla_experiments_gpu.py \
+             > "$OUT/mla_experiments_tests.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
              --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 seesaw_tma seesaw_tma_ht --mla-rows 128,1,64,4096 \
              128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
