@@ -33,27 +33,16 @@ NAMES = {0: "entry", 1: "scan", 2: "i0 q", 3: "i0 tiles", 4: "i0 epi", 5: "i1 q"
 SM_SLOT = 15
 
 
-def lengths(b: int, L: int, kind: str) -> list[int]:
-    """The bench's length patterns (gqadrv/mla/bench.py)."""
-    if kind == "varlen":
-        return [L + 2 * i for i in range(b)]
-    if kind == "skew":
-        return [16 * L] + [L] * (b - 1)
-    if kind == "spread":
-        ramp = [L // 4 + (3 * L // 2) * i // max(1, b - 1) for i in range(b)]
-        return [ramp[(37 * i) % b] for i in range(b)] if b % 37 else ramp
-    return [L] * b
-
-
 def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = None) -> str:
     import ml_dtypes
 
     import gqadrv
+    from gqadrv.mla.bench import row_lengths
 
     parts = row.split(",")
     b, s_q, h_q, L = (int(x) for x in parts[:4])
     kind = parts[4] if len(parts) > 4 else "uniform"
-    lens = lengths(b, L, kind)
+    lens = row_lengths(b, L, kind)
     page = 64
     max_blocks = -(-max(lens) // page)
     rs = cp.random.RandomState(7)

@@ -52,6 +52,20 @@ def _rows(args) -> list:
     return list(ROWS)
 
 
+def row_lengths(b: int, L: int, kind: str) -> list[int]:
+    """A bench row's cache lengths: uniform L; varlen L + 2i; skew: request 0 holds 16 L tokens, the
+    others L (one long request in a batch); spread: a linear ramp from L / 4 to 7 L / 4 in a shuffled
+    order (mean L)."""
+    if kind == "varlen":
+        return [L + 2 * i for i in range(b)]
+    if kind == "skew":
+        return [16 * L] + [L] * (b - 1)
+    if kind == "spread":
+        ramp = [L // 4 + (3 * L // 2) * i // max(1, b - 1) for i in range(b)]
+        return [ramp[(37 * i) % b] for i in range(b)] if b % 37 else ramp
+    return [L] * b
+
+
 def _metrics(h_q, s_q, lens, b, us, kv_bytes_per_token=576 * 2):
     """(TFLOPS, TB/s) of one call: FlashMLA's formulas (q and out in 2-byte elements, KV per token)."""
     tot = sum(lens)
@@ -82,17 +96,7 @@ def _run_row(item, timer: Timer, args) -> dict:
 
     b, s_q, h_q, L, kind = item
     page = 64
-    # varlen: L + 2i; skew: request 0 holds 16 L tokens, the others L (one long request in a batch);
-    # spread: a linear ramp from L / 4 to 7 L / 4 in a shuffled order (mean L)
-    if kind == "varlen":
-        lens = [L + 2 * i for i in range(b)]
-    elif kind == "skew":
-        lens = [16 * L] + [L] * (b - 1)
-    elif kind == "spread":
-        ramp = [L // 4 + (3 * L // 2) * i // max(1, b - 1) for i in range(b)]
-        lens = [ramp[(37 * i) % b] for i in range(b)] if b % 37 else ramp
-    else:
-        lens = [L] * b
+    lens = row_lengths(b, L, kind)
     max_blocks = -(-max(lens) // page)
     nb = b * max_blocks
     rs = cp.random.RandomState(7)

@@ -362,10 +362,11 @@ def is_head_tail(variant: str) -> bool:
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":
+    _schedule = schedule_experiments()
     KERNELS.update(head_tail_experiments())
-    KERNELS.update(schedule_experiments())
+    KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
-    KERNELS.update(partial_l2_experiments(schedule_experiments()))
+    KERNELS.update(partial_l2_experiments(_schedule))
     KERNELS.update(async_ticket_experiments(KERNELS))
 
 
