@@ -83,19 +83,18 @@ for step in $STEPS; do
                  --json "$OUT/mla_sched_$name.json" > "$OUT/mla_sched_$name.txt" 2>&1
              done ;;
   mla_pl2) # partials kept in L2 until merged (MLA_PARTIAL_L2, kernel_spec.partial_l2_experiments) and, at h_q 16,
-           # the asynchronous ticket (MLA_ASYNC_TICKET, async_ticket_experiments) and the head / tail launches
-           # (MLA_HEAD_TAIL, narrow16x2_tma_ht, against the one-launch split grid) beside the default and the cut32
+           # the asynchronous ticket (MLA_ASYNC_TICKET, async_ticket_experiments) beside the default and the cut32
            # schedule, rows with cuts and uniform rows; then per-CTA traces of the merges (run the GPU test
            # tests/mla/test_mla_experiments_gpu.py first: the experiment builds must be bit-identical)
            python3 -m pytest -q -m gpu --timeout=600 -p no:cacheprovider -rf tests/mla/test_mla_experiments_gpu.py \
              > "$OUT/mla_experiments_tests.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-             --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 seesaw_tma seesaw_tma_ht --mla-rows 128,1,64,4096 \
+             --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 --mla-rows 128,1,64,4096 \
              128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
              --json "$OUT/mla_pl2.json" > "$OUT/mla_pl2.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
              --mla-also narrow16_bal_pl2 narrow16_bal_cut32 narrow16_bal_cut32_pl2 narrow16_bal_at narrow16_bal_cut32_at \
-             narrow16_bal_cut32_pl2_at narrow16x2_tma narrow16x2_tma_ht --mla-rows 128,1,16,4096 128,1,16,32768 \
+             narrow16_bal_cut32_pl2_at --mla-rows 128,1,16,4096 \
              128,1,16,8192,spread 128,1,16,4096,skew 128,1,16,8192,varlen \
              --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,64,8192,spread 128,1,16,8192,spread \

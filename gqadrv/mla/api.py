@@ -378,17 +378,12 @@ def prepare_mla_decode(q: ArrayT, k_cache: DLPackArray, block_table: DLPackArray
     splits = _splits(problem, variant, num_splits, None)
     new_out, new_lse, o_ptr, l_ptr, o_strides = _outputs(problem, out, lse, s, dl)
     ws = _workspace.alloc(problem.device, s, _plan.workspace_sizes(problem, variant, splits), _plan.WORKSPACE_ZERO)
-    if _ks.is_head_tail(variant.family.name):  # an experiment of two chained launches (kernel_spec)
-        plans = _plan.head_tail_launches(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr,
-                                         ws=ws, splits=splits, stream=s)
-    else:
-        plans = (_plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr,
-                                    ws=ws, splits=splits, stream=s),)
-    launch = plans[0]
+    launch = _plan.build_launch(problem, variant, loaded, out_strides=o_strides, out_ptr=o_ptr, lse_ptr=l_ptr, ws=ws,
+                                splits=splits, stream=s)
     _sync(s, problem.device)
     o, lo = _export(q, out, lse, new_out, new_lse, s, problem.device)
     return PreparedMlaDecode(
-        device=problem.device, _plans=plans, _out=(o, lo),
+        device=problem.device, _plans=(launch,), _out=(o, lo),
         _keep=(q, k_cache, block_table, cache_seqlens, o, lo, new_out, new_lse, ws), _status=None, _status_names=(),
         route=variant.name, num_splits=splits, grid=launch.grid, block=launch.block, dynamic_smem=launch.smem,
         workspace_bytes=ws.nbytes, arch=loaded.arch, batch=problem.b, capacity=problem.capacity,

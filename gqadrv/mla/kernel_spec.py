@@ -66,10 +66,6 @@ MAX_SPLITS = 512
 PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
 FLAG_MAX_LOGITS = 2  # the kernels also write max(softmax_scale q.k) per row at lse + max_offset
-FLAG_TAIL_GRID = 4   # MLA_HEAD_TAIL builds only: the launch of splits 1 .. S - 1 (experiment)
-HEAD64_SHIFT = 8     # MLA_HEAD_TAIL builds: flags bits 8..14 = split 0's share of the pairs in 64ths
-HEAD_TAIL_HEAD64 = 52  # the head/tail experiment's split 0: 52 / 64 (81 %) of every request's pairs
-HEAD_TAIL_SPLITS = 4   # ... and its default split count: the head and three tail splits
 VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
 VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a", "sm_110a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
@@ -346,24 +342,8 @@ def async_ticket_experiments(derived: dict) -> dict:
     return out
 
 
-def head_tail_experiments() -> dict:
-    """``narrow16x2_tma_ht`` and ``seesaw_tma_ht`` (MLA_HEAD_TAIL=1): the split grid as two launches chained by PDL, split 0
-    (the first HEAD_TAIL_HEAD64 / 64 of every request's pairs) and then splits 1 .. S - 1 (the tails),
-    whose CTAs start on idle SMs and wherever a head CTA exits, so the block scheduler evens out the
-    CTA ends that tools/mla_trace.py measured (experiment, GQADRV_MLA_EXPERIMENTS=1; prepare_mla_decode
-    only, num_splits >= 2)."""
-    return dict(_derived(KERNELS[name], "ht", "MLA_HEAD_TAIL=1 (a head launch and a PDL-chained tail launch)",
-                         (("MLA_HEAD_TAIL", 1),)) for name in ("narrow16x2_tma", "seesaw_tma"))
-
-
-def is_head_tail(variant: str) -> bool:
-    """Whether a variant runs as the two chained launches of the head/tail experiment."""
-    return ("MLA_HEAD_TAIL", 1) in kernel(variant).fixed_defines
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
-    KERNELS.update(head_tail_experiments())
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))

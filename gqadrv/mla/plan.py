@@ -17,8 +17,7 @@ from . import kernel_spec as _ks
 from . import routes as _routes
 from .contract import MlaProblem
 
-__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "head_tail_launches",
-           "k_tensor_maps",
+__all__ = ["WORKSPACE_ZERO", "args_fields", "build_launch", "default_splits", "features_of", "k_tensor_maps",
            "k_tensor_specs", "launch_parts", "param_values", "route", "tma_ok", "workspace_sizes"]
 
 WORKSPACE_ZERO = ("counters",)
@@ -96,8 +95,6 @@ def route(problem: MlaProblem, backend: str | None, balanced_ok: bool = True) ->
 
 
 def default_splits(problem: MlaProblem, variant: _routes.MlaVariant) -> int:
-    if _ks.is_head_tail(variant.family.name):  # the experiment's head split and its tail splits
-        return _ks.HEAD_TAIL_SPLITS
     info = _drv.device_info(problem.device)
     return _routes.default_splits(variant, problem.b, problem.s_q, problem.h_q, problem.h_kv, problem.capacity,
                                   info.sm_count)
@@ -138,13 +135,9 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
 
 
 def launch_parts(problem: MlaProblem, variant: _routes.MlaVariant, *, out_strides: tuple, out_ptr: int,
-                 lse_ptr: int, ws: Workspace | None, splits: int, two_launches_ok: bool = False) -> tuple[tuple, tuple, int, tuple]:
+                 lse_ptr: int, ws: Workspace | None, splits: int) -> tuple[tuple, tuple, int, tuple]:
     """(grid, block, dynamic smem, parameter values in signature order) of one launch: what the
-    prepared plan packs once and the convenience call packs into its cached plan. A head/tail
-    experiment variant (two launches) is refused unless the caller builds both (``head_tail_launches``)."""
-    if not two_launches_ok and _ks.is_head_tail(variant.family.name):
-        raise ValueError(f"backend {variant.family.name!r} (an experiment of two chained launches) runs through "
-                         "prepare_mla_decode + launch_prepared only")
+    prepared plan packs once and the convenience call packs into its cached plan."""
     grid, block, smem = _ks.launch_geometry(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits,
                                             variant.family.name)
     fields = args_fields(problem, variant, out_strides, out_ptr, lse_ptr, ws, splits)
@@ -157,24 +150,3 @@ def build_launch(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loade
                                              lse_ptr=lse_ptr, ws=ws, splits=splits)
     return LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=stream,
                       pdl=True)
-
-
-def head_tail_launches(problem: MlaProblem, variant: _routes.MlaVariant, loaded: Loaded, *, out_strides: tuple,
-                       out_ptr: int, lse_ptr: int, ws: Workspace | None, splits: int,
-                       stream: int) -> tuple[LaunchPlan, LaunchPlan]:
-    """The head/tail experiment's two launches (kernel_spec.head_tail_experiments): split 0 of every
-    request over grid (nmb, h_kv, b), then splits 1 .. S - 1 over (nmb (S - 1), h_kv, b) with
-    FLAG_TAIL_GRID, both with PDL; the same arguments otherwise (one workspace, one ticket per unit)."""
-    if splits < 2:
-        raise ValueError(f"backend {variant.family.name!r} needs num_splits >= 2 (a head split and tail splits), "
-                         f"got {splits}")
-    grid, block, smem, values = launch_parts(problem, variant, out_strides=out_strides, out_ptr=out_ptr,
-                                             lse_ptr=lse_ptr, ws=ws, splits=splits, two_launches_ok=True)
-    nmb = grid[0] // splits
-    head = ArgPack(variant.family.signature).pack(*values)
-    tail = head.copy()
-    flags = head.get_field("args.flags") | (_ks.HEAD_TAIL_HEAD64 << _ks.HEAD64_SHIFT)
-    head.set_field("args.flags", flags)
-    tail.set_field("args.flags", flags | _ks.FLAG_TAIL_GRID)
-    return (LaunchPlan(loaded.kernel, (nmb, grid[1], grid[2]), block, smem, head, stream=stream, pdl=True),
-            LaunchPlan(loaded.kernel, (nmb * (splits - 1), grid[1], grid[2]), block, smem, tail, stream=stream, pdl=True))

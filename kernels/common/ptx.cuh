@@ -117,11 +117,6 @@ GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
 }
 
 // L2-only loads (bypass L1): used for data another CTA wrote during this launch.
-GQADRV_DEVICE int ld_cg_s32(const int* p) {
-  int v;
-  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
 GQADRV_DEVICE void ld_cg_f32x2(const float* p, float& a, float& b) {
   asm volatile("ld.global.cg.v2.f32 {%0,%1}, [%2];" : "=f"(a), "=f"(b) : "l"(p));
 }

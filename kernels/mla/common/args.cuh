@@ -36,11 +36,6 @@
 // args.flags bits
 #define MLA_FLAG_CAUSAL 1       // bottom-right causal mask (only meaningful for s_q > 1)
 #define MLA_FLAG_MAX_LOGITS 2   // also write each row's max logit (natural units) at lse + max_offset
-// MLA_HEAD_TAIL builds only (experiment): split 0 of every request covers the first HEAD64 / 64 of its
-// pairs (flags bits 8..14: HEAD64), splits 1 .. S - 1 the rest; MLA_FLAG_TAIL_GRID: this launch runs
-// splits 1 .. S - 1 (blockIdx.x / nmb + 1), chained by PDL after the launch of split 0.
-#define MLA_FLAG_TAIL_GRID 4
-#define MLA_HEAD64_SHIFT 8
 
 struct MlaDecodeArgs {
   const u16* q;              // [b, s_q, h_q, 576]   strides q_stride_{b,s,h}, last dim contiguous

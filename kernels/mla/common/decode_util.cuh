@@ -110,11 +110,7 @@ GQADRV_DEVICE u32 aligned_dynamic_smem(u8*& smem, u32 used, int tid) {
 
 // Cache length of request b, clamped to [0, max_blocks * page_size]; read on the device only.
 GQADRV_DEVICE int clamped_len(const MlaDecodeArgs& a, int b) {
-#if MLA_HEAD_TAIL
-  int len = ld_cg_s32(a.cache_seqlens + b);  // the tail grid reads before griddepcontrol.wait: L2 only
-#else
   int len = a.cache_seqlens[b];
-#endif
   const long long cap = (long long)a.max_blocks * a.page_size;
   return len < 0 ? 0 : ((long long)len > cap ? (int)cap : len);
 }

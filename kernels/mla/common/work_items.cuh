@@ -104,27 +104,12 @@ GQADRV_DEVICE int cta_of_unit(int x, int c, int w, int chunk) {
 }
 
 // The split grid's single item (see above).
-#if MLA_HEAD_TAIL
-// Pair boundary k (0 .. S) of the head / tail split (experiment): split 0 = the first
-// ceil(n head64 / 64) pairs, splits 1 .. S - 1 the rest in even whole-pair shares; S == 1: all.
-GQADRV_DEVICE int head_tail_point(int n, int k, int S, int head64) {
-  if (k <= 0) return 0;
-  if (k >= S) return n;
-  const int head = min(n, (n * head64 + 63) / 64);
-  return head + (int)(((long long)(n - head) * (k - 1)) / (S - 1));
-}
-#endif
 GQADRV_DEVICE WorkItem split_item(const MlaDecodeArgs& a, int req, int split, int S, int last_row, long long unit) {
   WorkItem w;
   w.req = req;
   const int npairs_all = request_pairs(a, req, last_row, w.len);
   const int key_len = row_key_limit(a, w.len, last_row);
-#if MLA_HEAD_TAIL
-  const int head64 = (a.flags >> MLA_HEAD64_SHIFT) & 127;
-  const int p_beg = head_tail_point(npairs_all, split, S, head64), p_end = head_tail_point(npairs_all, split + 1, S, head64);
-#else
   const int p_beg = split_point(npairs_all, split, S), p_end = split_point(npairs_all, split + 1, S);
-#endif
   w.npairs = p_end - p_beg;
   w.t_beg = 2 * p_beg;
   w.tok_end = min(key_len, 2 * p_end * 64);

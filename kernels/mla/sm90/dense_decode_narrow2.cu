@@ -65,14 +65,6 @@
 //           release; the ticket thread waits part_done[j], takes the acq_rel ticket, notes a merge won in
 //           s_merge and, after the CTA's last item, arrives on tickets_done (count 1), which the
 //           consumers wait for before the merges.
-// Experiment MLA_HEAD_TAIL=1 (split grid only; narrow16x2_tma_ht under GQADRV_MLA_EXPERIMENTS=1): two
-//           launches chained by PDL: split 0 of every request (its head, HEAD64 / 64 of the pairs, flags
-//           bits 8..14), which calls launch_dependents right after its own wait, then the tail grid
-//           (MLA_FLAG_TAIL_GRID: splits 1 .. S - 1), which streams without waiting, takes the same
-//           tickets, and waits for the head grid (griddepcontrol.wait) only before its CTAs exit. The
-//           tail grid starts only after every head CTA passed its own griddepcontrol.wait, i.e. after
-//           the kernel before the head grid completed; it reads lengths and the block table with
-//           L2-only loads (ld.global.cg) and K by TMA, Q by cp.async.cg (both L2).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
@@ -101,9 +93,6 @@ constexpr u32 OFF_XML = OFF_LRED + 2 * 4 * NQ * 4;      // per warpgroup m[NQ], 
 constexpr u32 OFF_SCHED = OFF_XML + 2 * 2 * NQ * 4;     // balanced_start: NW_ALL + 5 ints
 constexpr u32 OFF_MERGE = OFF_SCHED + 80;               // merges won: 2 x {req, slot0, nsplit}
 constexpr u32 OFF_BAR = OFF_MERGE + 32;                 // full[NSLOT], empty[NSLOT], q_full, q_empty
-#if MLA_HEAD_TAIL
-static_assert(!MLA_BALANCED, "the head / tail experiment is built for the split grid");
-#endif
 #if MLA_ASYNC_TICKET
 static_assert(MLA_BALANCED, "the asynchronous ticket is built for the balanced grid");
 // + part_done[2] (a CTA shares at most its first and last item) and tickets_done
@@ -200,12 +189,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   const int mb = (int)blockIdx.z, kvh = blockIdx.y;
 #else
   const int S = a.num_splits;
-#if MLA_HEAD_TAIL
-  // experiment: the tail grid runs splits 1 .. S - 1 (see MLA_FLAG_TAIL_GRID)
-  const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb + ((a.flags & MLA_FLAG_TAIL_GRID) ? 1 : 0);
-#else
   const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
-#endif
   const int kvh = blockIdx.y, b = blockIdx.z;
 #endif
   const int M = a.m_rows, row0 = mb * NQ;
@@ -230,17 +214,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
 
   MLA_MARK(a, 0, tid == 0);
   MLA_MARK_SM(a, 15, tid == 0);
-#if MLA_HEAD_TAIL
-  // experiment: the head grid lets the tail grid start at once (its CTAs take the idle SMs and every SM
-  // a head CTA leaves); the tail grid reads only inputs, so it waits for the head grid only at its end
-  const bool tail_grid = (a.flags & MLA_FLAG_TAIL_GRID) != 0;
-  if (!tail_grid) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
-#else
   pdl_wait();  // no-op unless launched with programmatic stream serialization
-#endif
 #if MLA_BALANCED
   // the scan's barriers also publish the barrier inits
   balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid);
@@ -312,12 +286,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         mbar_arrive(q_full_bar(sb));
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
-#if MLA_HEAD_TAIL
-        // the tail grid reads before griddepcontrol.wait: L2-only loads (no L1 / texture line of an older kernel)
-        auto page_of = [&](int tile) { return ld_cg_s32(bt_row + ((tile * 64) >> a.page_shift)); };
-#else
         auto page_of = [&](int tile) { return __ldg(bt_row + ((tile * 64) >> a.page_shift)); };
-#endif
         int cur = page_of(w.t_beg);
 #pragma unroll 1
         for (int k = 0; k < nt; ++k) {
@@ -562,8 +531,4 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   run_merges_won<NQ, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_RING), kvh, nmb, mb, row0, rows,
                               tid, [] { named_bar_sync(BAR_BOTH, 256); });
   MLA_MARK(a, 12, tid == 0);
-#if MLA_HEAD_TAIL
-  // the tail grid completes only after the head grid (the next kernel of the stream waits for this one)
-  if (tail_grid) pdl_wait();
-#endif
 }

@@ -115,8 +115,6 @@
 //           CTA's smallest limit are masked.
 // Split     as dense_decode.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and {m, l},
 //           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0).
-// Experiment MLA_HEAD_TAIL=1 (TMA split grid only; seesaw_tma_ht under GQADRV_MLA_EXPERIMENTS=1): the head
-//           launch and the PDL-chained tail launch of dense_decode_narrow2.cu's experiment, same flags.
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
@@ -326,11 +324,7 @@ struct TileSrc {
 };
 GQADRV_DEVICE TileSrc tile_src(const MlaDecodeArgs& a, const i32* bt_row, int tile, int tok_end) {
   const int tok = tile * 64;
-#if MLA_HEAD_TAIL  // the tail grid reads before griddepcontrol.wait: L2-only loads
-  return TileSrc{tok < tok_end ? ld_cg_s32(bt_row + (tok >> a.page_shift)) : -1, tok & (a.page_size - 1)};
-#else
   return TileSrc{tok < tok_end ? __ldg(bt_row + (tok >> a.page_shift)) : -1, tok & (a.page_size - 1)};
-#endif
 }
 // One TMA for channel blocks [C0, C1) of a tile (C0 = 0: k_lo, 4 blocks; C0 = 4: k_hi, 5 blocks).
 template <int C0, int C1>
@@ -421,13 +415,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const int mb = (int)blockIdx.z;  // the KV head (blockIdx.y) is read again by each role after its setmaxnreg
 #else
   const int S = a.num_splits;
-#if MLA_HEAD_TAIL
-  static_assert(MLA_TMA_K && !MLA_FP8, "the head / tail experiment is built for the TMA split grid");
-  // experiment: the tail grid runs splits 1 .. S - 1 (MLA_FLAG_TAIL_GRID, see dense_decode_narrow2.cu)
-  const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb + ((a.flags & MLA_FLAG_TAIL_GRID) ? 1 : 0);
-#else
   const int mb = (int)blockIdx.x % nmb, split = (int)blockIdx.x / nmb;
-#endif
   const int kvh = blockIdx.y, b = blockIdx.z;
 #endif
   const int M = a.m_rows, row0 = mb * MLA_BLOCK_M;
@@ -466,16 +454,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 
   MLA_MARK(a, 0, tid == 0);
   MLA_MARK_SM(a, 15, tid == 0);
-#if MLA_HEAD_TAIL
-  // experiment: the head grid lets the tail grid start at once; the tail grid reads only inputs (K by
-  // TMA, Q by cp.async.cg, lengths and block table by ld.global.cg) and waits for the head grid at its end
-  if ((a.flags & MLA_FLAG_TAIL_GRID) == 0) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
-#else
   pdl_wait();  // no-op unless launched with programmatic stream serialization
-#endif
   // The CTA's work items (kernels/mla/common/work_items.cuh); every thread walks the same list.
 #if MLA_BALANCED
   // The scan's barriers also publish the barrier inits and sM (the last CTA-wide barriers: WG2 leaves early).
@@ -888,8 +867,5 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   run_merges_won<MLA_BLOCK_M, 256, DT, MLA_FP8 ? 4 : 8>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_K0), kvh, nmb, mb,
                                        row0, rows, tid, [] { named_bar_sync(BAR_EPI, 256); });
   MLA_MARK(a, 12, tid == 0);
-#if MLA_HEAD_TAIL
-  if (a.flags & MLA_FLAG_TAIL_GRID) pdl_wait();  // the tail grid completes only after the head grid
-#endif
   }  // consumer warpgroups
 }
