@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MLA rows 'b,s_q,h_q,L[,varlen|skew|spread]' (default: the issue's table)")
     p.add_argument("--mla-backend", default=None, help="gqadrv MLA backend: auto, wgmma, mma")
     p.add_argument("--mla-also", nargs="*", default=[],
-                   help="more gqadrv MLA backends timed in the same rows (results 'gqadrv:NAME')")
+                   help="more gqadrv MLA backends timed in the same rows (results 'gqadrv:NAME'); NAME@S forces "
+                        "num_splits S (split grids: CTAs per request and row block; balanced grids: CTAs)")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every provider of a row this many times in turn and keep the median of the rounds; "
                         "the providers' order rotates by one each round (spreads clock and order effects evenly)")
@@ -50,6 +51,16 @@ def _rows(args) -> list:
                         parts[4] if len(parts) > 4 else "uniform"))
         return out
     return list(ROWS)
+
+
+def also_backend(name: str) -> tuple[str, int | None]:
+    """(backend, num_splits) of an --mla-also entry: NAME, or NAME@S to force num_splits S."""
+    backend, at, splits = name.partition("@")
+    if not at:
+        return backend, None
+    if not splits.isdigit() or int(splits) < 1:
+        raise SystemExit(f"--mla-also {name!r}: expected NAME@S with S a positive integer")
+    return backend, int(splits)
 
 
 def row_lengths(b: int, L: int, kind: str) -> list[int]:
@@ -114,11 +125,12 @@ def _run_row(item, timer: Timer, args) -> dict:
     use_torch = torch is not None
     calls: dict = {}  # provider -> (callable, uses a torch graph)
 
-    def ours(name, backend):
+    def ours(name, backend, num_splits=None):
         try:
             out = cp.empty((b, s_q, h_q, 512), q.dtype)
             lse = cp.empty((b, h_q, s_q), cp.float32)
             p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=backend,
+                                          num_splits=num_splits,
                                           stream=torch.cuda.current_stream() if use_torch else None)
             calls[name] = (lambda: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch else None),
                            use_torch)
@@ -128,7 +140,7 @@ def _run_row(item, timer: Timer, args) -> dict:
 
     ours("gqadrv", args.mla_backend)
     for extra in getattr(args, "mla_also", None) or []:
-        ours(f"gqadrv:{extra}", extra)
+        ours(f"gqadrv:{extra}", *also_backend(extra))
     if use_torch and not getattr(args, "no_peers", False):
         tq, tk, tbt, tsl = (torch.from_dlpack(x) for x in (q, k, bt, sl))
         fm = sys.modules.get("flash_mla")

@@ -99,3 +99,13 @@ def test_flashinfer_page_lists_of_unequal_lengths():
     assert indices.tolist() == [0, 3, 4, 6, 9, 10]
     indptr, indices = flashinfer_csr([4096] * 3, max_blocks=64, page=64)
     assert indptr.tolist() == [0, 64, 128, 192] and indices.tolist() == list(range(192))
+
+
+def test_mla_also_entries_may_force_the_split_count():
+    import pytest
+
+    assert mla_bench.also_backend("narrow16x2_tma") == ("narrow16x2_tma", None)
+    assert mla_bench.also_backend("narrow16x2_tma@2") == ("narrow16x2_tma", 2)
+    for bad in ("seesaw_bal@", "seesaw_bal@0", "seesaw_bal@x"):
+        with pytest.raises(SystemExit, match="NAME@S"):
+            mla_bench.also_backend(bad)
