@@ -24,7 +24,7 @@
 # family (gqa_decode's layout families: GPU tests, host cost, tools/profile_family_steps.py);
 # mla_varlen (the MLA rows of unequal lengths with both peers; run fmla first for FlashMLA);
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
-# schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, against the default); mla_trace
+# schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, the balanced default, against _nopl2); mla_trace
 # (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
@@ -82,23 +82,19 @@ for step in $STEPS; do
                  --mla-also ${name}_snap16 ${name}_snap32 ${name}_cut32 --mla-rows $rows \
                  --json "$OUT/mla_sched_$name.json" > "$OUT/mla_sched_$name.txt" 2>&1
              done ;;
-  mla_pl2) # partials kept in L2 until merged (MLA_PARTIAL_L2, kernel_spec.partial_l2_experiments) and, at h_q 16,
-           # the asynchronous ticket (MLA_ASYNC_TICKET, async_ticket_experiments) beside the default and the cut32
-           # schedule, rows with cuts and uniform rows; then per-CTA traces of the merges (run the GPU test
-           # tests/mla/test_mla_experiments_gpu.py first: the experiment builds must be bit-identical)
+  mla_pl2) # split partials kept in L2 until merged (MLA_PARTIAL_L2, the balanced variants' default since 2026-12-05)
+           # against the same builds without it (<variant>_nopl2, kernel_spec.partial_l2_experiments), rows with
+           # cuts and uniform rows; first the GPU test that requires both bit-identical on every launch
            python3 -m pytest -q -m gpu --timeout=600 -p no:cacheprovider -rf tests/mla/test_mla_experiments_gpu.py \
              > "$OUT/mla_experiments_tests.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-             --mla-also seesaw_bal_pl2 seesaw_bal_cut32 seesaw_bal_cut32_pl2 --mla-rows 128,1,64,4096 \
+             --mla-also seesaw_bal_nopl2 seesaw_bal_cut32 seesaw_bal_cut32_nopl2 --mla-rows 128,1,64,4096 \
              128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
              --json "$OUT/mla_pl2.json" > "$OUT/mla_pl2.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-             --mla-also narrow16_bal_pl2 narrow16_bal_cut32 narrow16_bal_cut32_pl2 narrow16_bal_at narrow16_bal_cut32_at \
-             narrow16_bal_cut32_pl2_at --mla-rows 128,1,16,4096 \
-             128,1,16,8192,spread 128,1,16,4096,skew 128,1,16,8192,varlen \
-             --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1
-           GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,64,8192,spread 128,1,16,8192,spread \
-             --backends seesaw_bal,seesaw_bal_pl2 narrow16_bal,narrow16_bal_pl2,narrow16_bal_cut32,narrow16_bal_cut32_at > "$OUT/mla_pl2_trace.txt" 2>&1 ;;
+             --mla-also narrow16_bal_nopl2 narrow16_bal_cut32 narrow16_bal_cut32_nopl2 --mla-rows 128,1,16,4096 \
+             128,1,16,32768 128,1,16,8192,spread 128,1,16,4096,skew 128,1,16,8192,varlen \
+             --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1 ;;
   mla_trace) # per-CTA timelines of the balanced MLA kernels (tools/mla_trace.py, MLA_TRACE builds): whether the
              # same SMs stream slowest in every launch, the cut mode's epilogues and merges; raw stamps kept
              GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,16,4096 128,1,64,4096 128,1,64,8192,spread \

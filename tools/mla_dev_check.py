@@ -922,7 +922,7 @@ def narrow_model(ntiles: int, nslot: int, seed: int) -> None:
     run({"producer": producer(), "consumer": consumer()}, m, {})
 
 
-def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, async_ticket: bool = False) -> None:
+def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None) -> None:
     """Transcription of dense_decode_narrow2.cu (narrow16x2_tma / narrow16_bal) over one CTA's work
     items: ``items`` = [(tiles, shared), ...] (tiles 0: an empty request or split; shared: the item's
     request is split, so it ends with the partial and the ticket instead of the staged output). One
@@ -936,13 +936,7 @@ def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, as
     'parity' (a consumer waits on the wrong full parity), 'early_q_empty' (warpgroup 0 releases Q
     before its staging reads). (Tiles alternating per item instead of per CTA would also be safe:
     a warpgroup reaches the next item's tiles only after q_full, i.e. after both warpgroups released
-    the previous item's Q, so its previous tile has landed.)
-    ``async_ticket`` (MLA_ASYNC_TICKET=1): a shared item's partial is written by both consumer
-    warpgroups, who arrive on part_done[j] (count 2 here) and go on; a ticket agent (warp 11 lane 0)
-    waits part_done[j], reads both halves of the partial (the ticket's release covers them), writes the
-    merges won to s_merge and arrives on tickets_done, which both consumers wait for before they read
-    s_merge; at most two shared items (a CTA's first and last). Bugs: 'no_part_wait' (the ticket
-    before the partial is stored), 'no_tickets_wait' (the merges before the tickets are drawn)."""
+    the previous item's Q, so its previous tile has landed.)"""
     m = Machine(random.Random(seed))
     for sl in range(nslot):
         m.init_mbar(("full", sl), 1)
@@ -950,26 +944,6 @@ def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, as
     m.init_mbar("q_full", 1)
     m.init_mbar("q_empty", 2)
     Q = [("Q", 0), ("Q", 1)]
-    n_shared = sum(1 for _, shared in items if shared)
-    if async_ticket:
-        if n_shared > 2:
-            raise ModelError(f"{n_shared} shared items: the asynchronous ticket has two part_done barriers")
-        for j in range(2):
-            m.init_mbar(("part_done", j), 2)
-        m.init_mbar("tickets_done", 1)
-
-    def ticket():
-        j = 0
-        for it, (_nt, shared) in enumerate(items):
-            if not shared:
-                continue
-            if bug != "no_part_wait":
-                yield ("wait", ("part_done", j), 0)
-            for u in (0, 1):
-                yield ("read", ("part", j, u), ("part", it), f"ticket of item {it}")
-            j += 1
-        yield ("write", "s_merge", ("won", j), "merges won")
-        yield ("arrive", "tickets_done")
 
     def producer():
         slot, ph, gtile = 0, 0, 0
@@ -997,7 +971,7 @@ def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, as
             nq += 1
 
     def consumer(u):
-        nq, gtile, j_sh = 0, 0, 0
+        nq, gtile = 0, 0
         for it, (nt, shared) in enumerate(items):
             if nt > 0:
                 yield ("wait", "q_full", nq & 1)
@@ -1043,10 +1017,6 @@ def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, as
                     yield ("nb_sync", 1)
                     for blk in Q:
                         yield ("read", blk, ("stg", it), f"staging read item {it}")
-            elif async_ticket:
-                yield ("write", ("part", j_sh, u), ("part", it), f"partial of item {it} wg{u}")
-                yield ("arrive", ("part_done", j_sh))
-                j_sh += 1
             else:
                 yield ("nb_sync", 1)  # last_to_arrive: the partial stores, then the ticket
                 yield ("nb_sync", 1)
@@ -1054,16 +1024,9 @@ def narrow2_model(items: list, nslot: int, seed: int, bug: str | None = None, as
                 if not (bug == "early_q_empty" and u == 0 and not shared):
                     yield ("arrive", "q_empty")
                 nq += 1
-        if async_ticket:
-            if bug != "no_tickets_wait":
-                yield ("wait", "tickets_done", 0)
-            yield ("read", "s_merge", ("won", n_shared), "merges won")
         yield ("nb_sync", 1)  # the merges won, after the last item (the ring is idle)
 
-    agents = {"producer": producer(), "q_copier": q_copier(), "wg0": consumer(0), "wg1": consumer(1)}
-    if async_ticket:
-        agents["ticket"] = ticket()
-    run(agents, m, {1: 2})
+    run({"producer": producer(), "q_copier": q_copier(), "wg0": consumer(0), "wg1": consumer(1)}, m, {1: 2})
 
 
 def narrow_fp8_model(ntiles: int, nstage: int, seed: int, tail: bool = False, bug: str | None = None) -> None:
@@ -1224,8 +1187,6 @@ def protocol_model(seeds: int = 40) -> list[str]:
             for seed in range(seeds // 2):
                 try:
                     narrow2_model(list(items), nslot, seed)
-                    if sum(1 for _, sh in items if sh) <= 2:
-                        narrow2_model(list(items), nslot, seed, async_ticket=True)
                 except ModelError as exc:
                     problems.append(f"narrow2 nslot {nslot} items {items} seed {seed}: {exc}")
                     break

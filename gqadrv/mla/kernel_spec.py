@@ -205,9 +205,10 @@ KERNELS = {
         tma_boxes=(4, 5)),
     "seesaw_bal": KernelVariant(
         "seesaw_bal", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw_tma", 384, 64, SEESAW_SMEM_BYTES,
-        (("MLA_TMA_K", 1), ("MLA_BALANCED", 1)), ("sm_90a",), None,
+        (("MLA_TMA_K", 1), ("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1)), ("sm_90a",), None,
         "seesaw_tma on a persistent grid of about one CTA per SM: whole requests per CTA when the lengths are "
-        "near uniform, else an equal share of all requests' pairs of tiles (work_items.cuh)",
+        "near uniform, else an equal share of all requests' pairs of tiles (work_items.cuh); split partials "
+        "kept in L2 until merged (MLA_PARTIAL_L2)",
         tma_boxes=(4, 5), balanced=True),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
@@ -234,8 +235,9 @@ KERNELS = {
         "pages of 64..256 tokens", tma_boxes=(1,)),
     "narrow16_bal": KernelVariant(
         "narrow16_bal", "mla/sm90/dense_decode_narrow2.cu", "mla_dense_decode_narrow2_tma", 384, 16,
-        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2), ("MLA_BALANCED", 1)), ("sm_90a",), 16,
-        "narrow16x2_tma on the balanced persistent grid (work_items.cuh); M <= 16", tma_boxes=(1,), balanced=True),
+        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2), ("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1)),
+        ("sm_90a",), 16, "narrow16x2_tma on the balanced persistent grid (work_items.cuh), split partials kept in L2 "
+        "until merged (MLA_PARTIAL_L2); M <= 16", tma_boxes=(1,), balanced=True),
     "narrow16_fp8": KernelVariant(
         "narrow16_fp8", "mla/sm90/dense_decode_narrow_fp8.cu", "mla_dense_decode_narrow_fp8", 384, 16,
         NARROW_FP8_SMEM_BYTES, (("MLA_NSTAGE", NARROW_FP8_STAGES),), ("sm_90a",), 16,
@@ -318,27 +320,19 @@ def l2_experiments() -> dict:
 
 
 def partial_l2_experiments(schedule: dict) -> dict:
-    """``<variant>_pl2`` for every balanced variant and for its ``_cut32`` schedule experiment: the same
-    build with MLA_PARTIAL_L2=1 (split partials stored with an L2 evict_last policy and discarded from
-    L2 once merged; tools/mla_trace.py showed the merges of cut requests reading partials that had been
-    evicted to DRAM; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    """``<variant>_nopl2`` for every balanced variant and for its ``_cut32`` schedule experiment: the same
+    build with MLA_PARTIAL_L2=0, i.e. split partials stored and read without cache hints and left to be
+    written back (the default until 2026-12-05; the balanced variants keep partials in L2 until merged
+    since then, 1.5-4.5 % faster on rows with cut requests, docs/RESULTS.md; experiment,
+    GQADRV_MLA_EXPERIMENTS=1)."""
     bases = [k for k in DEFAULT_VARIANTS if k.balanced] + [v for n, v in schedule.items() if n.endswith("_cut32")]
-    return dict(_derived(base, "pl2", "MLA_PARTIAL_L2=1 (partials kept in L2 until merged, then discarded)",
-                         (("MLA_PARTIAL_L2", 1),)) for base in bases)
-
-
-def async_ticket_experiments(derived: dict) -> dict:
-    """``<variant>_at`` for ``narrow16_bal`` and its ``_cut32`` / ``_cut32_pl2`` experiments: the same
-    build with MLA_ASYNC_TICKET=1 (a producer-warpgroup thread draws the split tickets, so the consumers
-    do not wait for the ticket's release between items; dense_decode_narrow2.cu; 3 more mbarriers).
-    tools/mla_trace.py measured a cut item's first epilogue at 11.9 µs median against 3.6 µs for the same
-    work at the CTA's end (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    bases = [KERNELS["narrow16_bal"]] + [derived[n] for n in ("narrow16_bal_cut32", "narrow16_bal_cut32_pl2")]
     out = {}
     for base in bases:
-        name, v = _derived(base, "at", "MLA_ASYNC_TICKET=1 (tickets drawn by a producer thread)",
-                           (("MLA_ASYNC_TICKET", 1),))
-        out[name] = dataclasses.replace(v, smem_bytes=v.smem_bytes + 32)
+        name = f"{base.name}_nopl2"
+        out[name] = dataclasses.replace(
+            base, name=name, doc=f"{base.name} with MLA_PARTIAL_L2=0 (partials through DRAM; experiment, "
+                                 f"{EXPERIMENTS_ENV}=1)",
+            fixed_defines=tuple(d for d in base.fixed_defines if d[0] != "MLA_PARTIAL_L2") + (("MLA_PARTIAL_L2", 0),))
     return out
 
 
@@ -347,7 +341,6 @@ if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
-    KERNELS.update(async_ticket_experiments(KERNELS))
 
 
 def kernel(variant: str) -> KernelVariant:

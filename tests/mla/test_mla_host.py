@@ -187,14 +187,6 @@ def test_layout_and_barrier_protocol_models():
             for seed in range(16):
                 for items in ([(3, False), (3, False), (3, True)], [(1, False), (1, True), (2, False)]):
                     mod.narrow2_model(items, 18, seed, bug)
-    # ... and its asynchronous ticket (MLA_ASYNC_TICKET: the ticket drawn by a producer thread)
-    for bug in ("no_part_wait", "no_tickets_wait"):
-        with pytest.raises(mod.ModelError, match="holds"):
-            for seed in range(16):
-                for items in ([(3, True), (3, False), (3, True)], [(2, True), (0, False), (1, True)]):
-                    mod.narrow2_model(items, 18, seed, bug, async_ticket=True)
-    with pytest.raises(mod.ModelError, match="two part_done"):
-        mod.narrow2_model([(1, True), (1, True), (1, True)], 18, 0, async_ticket=True)
     # ... and so does the FP8 wide protocol (half stages, the V tile, the tile's closing barrier)
     for bug, msg in (("early_release", "in flight|holds"), ("parity", "holds"), ("no_end_barrier", "in-flight wgmma group|holds"),
                      ("own_wait_only", "in flight|holds")):
@@ -356,49 +348,29 @@ def test_l2_evict_first_experiment_variants(isolated_cache):
             assert ("L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_first" in ptx) == hinted, name
 
 
-def test_partial_l2_experiment_variants(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_pl2 for the balanced variants and their cut32
-    schedule experiments (MLA_PARTIAL_L2=1 on top of their defines): their partial stores carry an
-    L2 evict_last policy and their merges discard the partials' lines; the default builds do neither.
-    Built and checked here; not yet run on a GPU (docs/MLA.md)."""
+def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(isolated_cache):
+    """The balanced variants build with MLA_PARTIAL_L2=1: their partial stores carry an L2 evict_last
+    policy and their merges discard the partials' lines; the split-grid variants do neither.
+    GQADRV_MLA_EXPERIMENTS=1 registers <variant>_nopl2 (MLA_PARTIAL_L2=0) for the balanced variants
+    and their cut32 schedule experiments: neither hint, otherwise the same build."""
     from gqadrv.mla import kernel_spec
     from gqadrv.runtime.compiler import compile_module
 
+    for name, v in kernel_spec.KERNELS.items():
+        assert (("MLA_PARTIAL_L2", 1) in v.fixed_defines) == v.balanced, name
     sched = kernel_spec.schedule_experiments()
-    pl2 = kernel_spec.partial_l2_experiments(sched)
-    assert set(pl2) == {"seesaw_bal_pl2", "narrow16_bal_pl2", "seesaw_bal_cut32_pl2", "narrow16_bal_cut32_pl2"}
-    for name, v in pl2.items():
-        base = kernel_spec.KERNELS[name[:-4]] if name[:-4] in kernel_spec.KERNELS else sched[name[:-4]]
-        assert v.fixed_defines == base.fixed_defines + (("MLA_PARTIAL_L2", 1),)
+    off = kernel_spec.partial_l2_experiments(sched)
+    assert set(off) == {"seesaw_bal_nopl2", "narrow16_bal_nopl2", "seesaw_bal_cut32_nopl2", "narrow16_bal_cut32_nopl2"}
+    for name, v in off.items():
+        base = kernel_spec.KERNELS.get(name[:-6]) or sched[name[:-6]]
+        assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_PARTIAL_L2=0), name
         assert (v.source, v.entry, v.smem_bytes, v.balanced) == (base.source, base.entry, base.smem_bytes, True)
-    for v, hinted in ((kernel_spec.KERNELS["narrow16_bal"], False), (pl2["narrow16_bal_cut32_pl2"], True),
-                      (kernel_spec.KERNELS["seesaw_bal"], False), (pl2["seesaw_bal_pl2"], True)):
+    for v, hinted in ((kernel_spec.KERNELS["narrow16_bal"], True), (off["narrow16_bal_cut32_nopl2"], False),
+                      (kernel_spec.KERNELS["seesaw_bal"], True), (off["seesaw_bal_nopl2"], False),
+                      (kernel_spec.KERNELS["narrow16x2_tma"], False)):
         m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
         ptx = m.ptx.decode()
         assert ("createpolicy.fractional.L2::evict_last" in ptx) == hinted, v.name
         assert ("discard.global.L2" in ptx) == hinted, v.name
         r = m.resources[next(iter(m.resources))]
         assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
-
-
-def test_async_ticket_experiment_variants(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_at for narrow16_bal and its cut32 / cut32_pl2
-    experiments (MLA_ASYNC_TICKET=1, 32 more bytes of shared memory for three mbarriers); the builds
-    compile without spills and differ from their bases. Not yet run on a GPU (docs/MLA.md)."""
-    from gqadrv.mla import kernel_spec
-    from gqadrv.runtime.compiler import compile_module
-
-    sched = kernel_spec.schedule_experiments()
-    derived = dict(sched, **kernel_spec.partial_l2_experiments(sched))
-    at = kernel_spec.async_ticket_experiments(derived)
-    assert set(at) == {"narrow16_bal_at", "narrow16_bal_cut32_at", "narrow16_bal_cut32_pl2_at"}
-    for name, v in at.items():
-        base = kernel_spec.KERNELS.get(name[:-3]) or derived[name[:-3]]
-        assert v.fixed_defines == base.fixed_defines + (("MLA_ASYNC_TICKET", 1),)
-        assert v.smem_bytes == base.smem_bytes + 32 and v.smem_bytes <= 232448 and v.balanced
-    for v, base in ((at["narrow16_bal_cut32_at"], derived["narrow16_bal_cut32"]),):
-        got = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
-        ref = compile_module(base.source, "sm_90a", base.defines("bfloat16"), cache=isolated_cache)
-        r = got.resources[next(iter(got.resources))]
-        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
-        assert got.ptx != ref.ptx

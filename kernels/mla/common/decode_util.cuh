@@ -204,9 +204,10 @@ GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128],
 }
 // S > 1: the unnormalised fp32 O and {m, L} of the valid rows to the workspace, partial row slot0 + r
 // (written even when the split was empty).
-// MLA_PARTIAL_L2=1 (experiment): the stores carry an L2 evict_last policy, so that a partial written
-// early in the launch is still in L2 when the merging CTA reads it at the end, and the merge drops the
-// lines afterwards (discard: never written back to DRAM).
+// MLA_PARTIAL_L2=1 (the balanced variants): the stores carry an L2 evict_last policy, so that a partial
+// written early in the launch is still in L2 when the merging CTA reads it at the end, and the merge
+// drops the lines afterwards (discard: never written back to DRAM). 1.5-4.5 % faster on rows with cut
+// requests on the H200 and the H100 (docs/RESULTS.md, 2026-12-05); the split grids store plainly.
 GQADRV_DEVICE void store_partial2(float* p, float x, float y) {
 #if MLA_PARTIAL_L2
   st_f32x2_l2hint(p, x, y, l2_policy_evict_last());

@@ -57,14 +57,8 @@
 //           reuses only its own words), so each warpgroup ends with half of the merged O^T. Then out /
 //           lse (nsplit 1, staged in the Q region, lse by warpgroup 0) or the fp32 partial + {m, l}
 //           and the ticket (thread 0); merges won run after the last item on both warpgroups (the
-//           ring is idle then).
-// Experiment MLA_ASYNC_TICKET=1 (balanced grid only; narrow16_bal*_at under GQADRV_MLA_EXPERIMENTS=1): warps
-//           9..10 copy Q (Q_LOADERS 64) and warp 11 lane 0 draws the split tickets: the consumers store a
-//           shared item's partial, arrive on part_done[j] (count 256; j = 0 / 1, a CTA shares at most
-//           its first and last item) and go on to the next item without waiting for the ticket's
-//           release; the ticket thread waits part_done[j], takes the acq_rel ticket, notes a merge won in
-//           s_merge and, after the CTA's last item, arrives on tickets_done (count 1), which the
-//           consumers wait for before the merges.
+//           ring is idle then). Balanced builds (MLA_PARTIAL_L2=1) store partials with an L2 evict_last
+//           policy and discard the merged partials' lines from L2 (decode_util.cuh).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
@@ -93,13 +87,7 @@ constexpr u32 OFF_XML = OFF_LRED + 2 * 4 * NQ * 4;      // per warpgroup m[NQ], 
 constexpr u32 OFF_SCHED = OFF_XML + 2 * 2 * NQ * 4;     // balanced_start: NW_ALL + 5 ints
 constexpr u32 OFF_MERGE = OFF_SCHED + 80;               // merges won: 2 x {req, slot0, nsplit}
 constexpr u32 OFF_BAR = OFF_MERGE + 32;                 // full[NSLOT], empty[NSLOT], q_full, q_empty
-#if MLA_ASYNC_TICKET
-static_assert(MLA_BALANCED, "the asynchronous ticket is built for the balanced grid");
-// + part_done[2] (a CTA shares at most its first and last item) and tickets_done
-constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2 + 3);
-#else
 constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2);
-#endif
 constexpr u32 SMEM_USED = OFF_TICKET + 16;
 constexpr u32 STG_BF16 = 1024u + 16u;  // output staging row stride (bank spread)
 constexpr u32 XHALF = 4u * NACC * 128u * 4u;  // one half (4 channel blocks) of a warpgroup's O^T
@@ -112,20 +100,12 @@ static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSLOT * PIECE, "merge weights mus
 static_assert(OFF_P % 1024 == 0 && OFF_RING % 1024 == 0 && QCB % 1024 == 0, "swizzle atoms are 1 KB aligned");
 
 constexpr int BAR_BOTH = 1, BAR_WG0 = 2;  // warpgroup u: BAR_WG0 + u
-#if MLA_ASYNC_TICKET
-constexpr int Q_LOADERS = 64;  // warps 9, 10; warp 11 lane 0 draws the tickets
-#else
 constexpr int Q_LOADERS = 96;
-#endif
 
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)slot; }
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)(NSLOT + slot); }
 GQADRV_DEVICE u32 q_full_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT); }
 GQADRV_DEVICE u32 q_empty_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 1); }
-#if MLA_ASYNC_TICKET
-GQADRV_DEVICE u32 part_done_bar(u32 sb, int j) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 2 + j); }
-GQADRV_DEVICE u32 tickets_done_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 4); }
-#endif
 GQADRV_DEVICE u32 slot_addr(u32 sb, int slot) { return sb + OFF_RING + (u32)slot * PIECE; }
 // Ring slot and full-barrier parity of piece p of the CTA.
 GQADRV_DEVICE int piece_slot(int p) { return p % NSLOT; }
@@ -204,11 +184,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     }
     mbar_init(q_full_bar(sb), Q_LOADERS);
     mbar_init(q_empty_bar(sb), 256);
-#if MLA_ASYNC_TICKET
-    mbar_init(part_done_bar(sb, 0), 256);
-    mbar_init(part_done_bar(sb, 1), 256);
-    mbar_init(tickets_done_bar(sb), 1);
-#endif
     fence_mbarrier_init();
   }
 
@@ -236,38 +211,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   if (warp >= 8) {
     // =================================================================== producer warpgroup
     const int pw = warp - 8;
-#if MLA_ASYNC_TICKET
-    // warp 11 lane 0 draws the split tickets of the CTA's shared items, in item order, once the
-    // consumers stored the item's partial (part_done[j], one arrival per consumer thread: their
-    // partial stores happen before this thread's acq_rel ticket), keeps the merges won in s_merge
-    // and n_merge (s_merge[6]) and arrives on tickets_done, which the consumers wait for before the
-    // merges (this thread's acquire of the other CTAs' partials happens before their reads).
-    if (pw == 3) {
-      if (lane == 0) {
-        int* s_merge = reinterpret_cast<int*>(smem + OFF_MERGE);
-        WorkItem w;
-        int j = 0, n = 0;
-#pragma unroll 1
-        while (next_item(w)) {
-          if (w.nsplit == 1) continue;
-          if (j >= 2) __trap();  // the balanced walker shares only a CTA's first and last item
-          mbar_wait_wd(part_done_bar(sb, j), 0u);
-          ++j;
-          const long long unit = ((long long)w.req * a.h_kv + kvh) * nmb + mb;
-          if (atomic_add_acq_rel_gpu(a.counters + unit, 1u) == (u32)(w.nsplit - 1)) {
-            s_merge[3 * n] = w.req;
-            s_merge[3 * n + 1] = w.slot0;
-            s_merge[3 * n + 2] = w.nsplit;
-            ++n;
-          }
-        }
-        s_merge[6] = n;
-        mbar_arrive(tickets_done_bar(sb));
-      }
-      __syncwarp();
-      return;
-    }
-#endif
     // warp 8: lane 0 issues the TMAs; its other lanes wait for it at the end (the warp exits whole)
     if (pw != 0 || lane == 0) {
     WorkItem w;
@@ -321,9 +264,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     if (lane == 0) mbar_arrive(empty_bar(sb, slot));
   };
   int nq = 0, gtile = 0, n_merge = 0;  // items with tiles, tiles so far (ring position 9 gtile), merges won
-#if MLA_ASYNC_TICKET
-  int n_shared = 0;  // shared items so far (part_done barrier index)
-#endif
   WorkItem it;
 #pragma unroll 1
   while (next_item(it)) {
@@ -493,26 +433,14 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
             for (int mm = 0; mm < 4; ++mm)
 #pragma unroll
               for (int h = 0; h < 2; ++h)
-#if MLA_PARTIAL_L2
                 store_partial1(dst + 64 * mm + 8 * h, cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e]);
             if (cu == 0 && w == 0 && g == 0) store_partial2(a.ws_ml + 2 * (prow0 + n), m_run[j][e], Lr[j][e]);
-#else
-                dst[64 * mm + 8 * h] = cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e];
-            if (cu == 0 && w == 0 && g == 0)
-              *reinterpret_cast<F32x2*>(a.ws_ml + 2 * (prow0 + n)) = F32x2{m_run[j][e], Lr[j][e]};
-#endif
           }
         }
-#if MLA_ASYNC_TICKET
-      if (n_shared >= 2) __trap();  // the balanced walker shares only a CTA's first and last item
-      mbar_arrive(part_done_bar(sb, n_shared));  // release: this thread's partial stores, for the ticket thread
-      ++n_shared;
-#else
       const long long unit = ((long long)it.req * a.h_kv + kvh) * nmb + mb;
       if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), it.nsplit, tid,
                          [] { named_bar_sync(BAR_BOTH, 256); }))
         note_merge_won(s_merge, n_merge, it, tid);
-#endif
     }
     if (nt > 0) {
       MLA_MARK(a, 4 + 3 * nq, nq < 3 && tid == 0);
@@ -524,10 +452,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   MLA_MARK(a, 11, tid == 0);
 
   // ---- merges won (both warpgroups): every issued load was consumed, the ring is idle
-#if MLA_ASYNC_TICKET
-  mbar_wait_wd(tickets_done_bar(sb), 0u);  // the ticket thread's merges won (and its acquire of the partials)
-  n_merge = s_merge[6];
-#endif
   run_merges_won<NQ, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_RING), kvh, nmb, mb, row0, rows,
                               tid, [] { named_bar_sync(BAR_BOTH, 256); });
   MLA_MARK(a, 12, tid == 0);

@@ -114,7 +114,9 @@
 //           running max starts at -1e30, so no inf/NaN arithmetic; only tiles that reach past the
 //           CTA's smallest limit are masked.
 // Split     as dense_decode.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and {m, l},
-//           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0).
+//           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0). Balanced
+//           builds (MLA_PARTIAL_L2=1): partial stores with an L2 evict_last policy, the merged partials'
+//           lines discarded from L2 (decode_util.cuh store_partial*, merge_partials_from).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
