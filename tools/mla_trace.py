@@ -1,4 +1,4 @@
-"""Where does an MLA decode launch spend its time, CTA by CTA? (development; needs a GPU)
+"""Where does an MLA decode launch spend its time, CTA by CTA? (development; needs a GPU, except --from-json)
 
 Builds the MLA routes with MLA_TRACE=1 (GQADRV_MLA_TRACE=1: %globaltimer stamps written by one thread
 per CTA, kernels/mla/common/decode_util.cuh MLA_MARK; the seesaw and narrow2 kernels carry them), runs
@@ -7,7 +7,8 @@ programmatic overlap with a previous one) and prints, per backend and row, the s
 earliest CTA start (min / median / max over CTAs) and derived spans.
 
     GQADRV_MLA_EXPERIMENTS=1 python tools/mla_trace.py 128,1,16,4096 128,1,64,4096 \\
-        --backends narrow16_bal,narrow16_bal_cut32 seesaw_bal,seesaw_bal_cut32
+        --backends narrow16_bal,narrow16_bal_cut32 seesaw_bal,seesaw_bal_cut32 --json trace.json
+    python tools/mla_trace.py --from-json trace.json --ceiling-tbps 3.11   # the reports again, no GPU
 
 Rows are the bench's `b,s_q,h_q,L[,kind]` (kind uniform / varlen / skew / spread, as `bench --op mla`);
 each backend group applies to the rows its kernel serves (h_q <= 16 for narrow*, any for seesaw*).
@@ -33,7 +34,8 @@ NAMES = {0: "entry", 1: "scan", 2: "i0 q", 3: "i0 tiles", 4: "i0 epi", 5: "i1 q"
 SM_SLOT = 15
 
 
-def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = None) -> str:
+def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = None,
+              ceiling_tbps: float | None = None) -> str:
     import ml_dtypes
 
     import gqadrv
@@ -74,11 +76,17 @@ def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = 
         e1.synchronize()
         st = big[base:base + 2 * 16 * n_cta].view(cp.uint64).get().reshape(n_cta, 16).astype(np.int64)
         runs.append((cp.cuda.get_elapsed_time(e0, e1) * 1e3, st))
-    us, st = runs[0]
     if raw is not None:
         raw.append({"row": row, "backend": backend, "route": p.route, "grid": list(grid),
                     "launches": [{"event_us": u, "stamps": x.tolist()} for u, x in runs]})
-    lines = [f"{row} {backend} ({p.route}, grid {grid}, {n_cta} CTAs): event time {us:.1f} us"
+    return report(row, backend, p.route, grid, runs, ceiling_tbps)
+
+
+def report(row: str, backend: str, route: str, grid, runs, ceiling_tbps: float | None = None) -> str:
+    """The text report of one row and backend from its launches' (event µs, int64 stamps [CTAs, 16])."""
+    us, st = runs[0]
+    n_cta = int(np.prod(grid))
+    lines = [f"{row} {backend} ({route}, grid {tuple(grid)}, {n_cta} CTAs): event time {us:.1f} us"
              + (f" (repeats: {', '.join(f'{u:.1f}' for u, _ in runs[1:])})" if len(runs) > 1 else "")]
     rel = _relative(st)
     lines.append("  stamp          n    min      med      max   (us from the first CTA's entry)")
@@ -106,8 +114,44 @@ def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = 
     end = np.nanmax(rel[:, [4, 7, 10, 11, 12]], axis=1)
     lines.append(f"  CTA end (last stamp): min {np.nanmin(end):.2f} med {np.nanmedian(end):.2f} max {np.nanmax(end):.2f}"
                  f"; busiest 5 CTAs {', '.join(f'{x:.1f}' for x in np.sort(end)[-5:])}")
+    lines += _end_report(runs, row, ceiling_tbps)
     lines += _sm_report(runs)
     return "\n".join(lines)
+
+
+def _end_report(runs, row: str, ceiling_tbps: float | None) -> list[str]:
+    """How much CTA time the uneven ends leave idle (medians over the launches): the mean over the CTAs
+    that streamed of (last CTA end - own end), i.e. what evening out their work at their measured
+    speeds could save; and, given the streaming-read ceiling, the time the row's K bytes need at that
+    ceiling plus the median first K load, below which no schedule brings the last CTA end (in a
+    memory-bound row the slow SMs are slow because the bandwidth is shared, so this is the tighter bound)."""
+    last, idle, first_k = [], [], []
+    for _, st in runs:
+        rel = _relative(st)
+        ok = ~np.isnan(rel[:, 3])
+        if not ok.any():
+            return []
+        end = np.nanmax(rel[ok][:, [4, 7, 10, 11, 12]], axis=1)
+        last.append(float(end.max()))
+        idle.append(float((end.max() - end).mean()))
+        k0 = rel[ok][:, 13]
+        k0 = k0[~np.isnan(k0)]
+        first_k.append(float(np.median(k0)) if len(k0) else 0.0)
+    out = [f"  uneven ends: last CTA end {np.median(last):.1f} us, mean CTA idle before it {np.median(idle):.1f} us "
+           f"over {len(runs)} launch(es)"]
+    if ceiling_tbps:
+        from gqadrv.mla.bench import row_lengths
+
+        parts = row.split(",")
+        b, L = int(parts[0]), int(parts[3])
+        nbytes = sum(row_lengths(b, L, parts[4] if len(parts) > 4 else "uniform")) * 576 * 2
+        bound = nbytes / (ceiling_tbps * 1e6) + float(np.median(first_k))
+        gain = min(float(np.median(idle)), max(0.0, float(np.median(last)) - bound))
+        out.append(f"  ceiling bound: K bytes {nbytes / 1e6:.0f} MB at {ceiling_tbps:.2f} TB/s + first K load = "
+                   f"{bound:.1f} us; evening out the CTAs that streamed recovers at most {gain:.1f} us "
+                   f"({100 * gain / float(np.median(last)):.1f} % of the last CTA end: the smaller of the idle time "
+                   f"and the distance to the bound)")
+    return out
 
 
 def _relative(st):
@@ -146,13 +190,25 @@ def _sm_report(runs) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("rows", nargs="+", help="b,s_q,h_q,L[,kind]")
+    ap.add_argument("rows", nargs="*", help="b,s_q,h_q,L[,kind]")
     ap.add_argument("--backends", nargs="+", default=["narrow16_bal", "seesaw_bal"],
                     help="comma-separated backend groups; narrow* groups run on rows with h_q <= 16 only")
     ap.add_argument("--launches", type=int, default=3, help="traced launches per row and backend (default 3)")
     ap.add_argument("--json", help="write every stamp of every traced launch to this file")
+    ap.add_argument("--from-json", metavar="FILE", help="print the reports of a saved --json file (no GPU needed)")
+    ap.add_argument("--ceiling-tbps", type=float, default=None,
+                    help="the streaming-read ceiling (TB/s, e.g. from `bench`): adds the bound no schedule can beat")
     a = ap.parse_args(argv)
     import json
+
+    if a.from_json:
+        with open(a.from_json) as f:
+            for e in json.load(f):
+                runs = [(x["event_us"], np.array(x["stamps"], np.int64)) for x in e["launches"]]
+                print(report(e["row"], e["backend"], e["route"], e["grid"], runs, a.ceiling_tbps))
+        return 0
+    if not a.rows:
+        ap.error("rows are required unless --from-json is given")
 
     import cupy as cp
 
@@ -164,7 +220,7 @@ def main(argv=None) -> int:
                 if backend.startswith("narrow") and h_q > 16:
                     continue
                 try:
-                    print(trace_row(row, backend, cp, a.launches, raw), flush=True)
+                    print(trace_row(row, backend, cp, a.launches, raw, a.ceiling_tbps), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next row
                     print(f"{row} {backend}: {type(exc).__name__}: {exc}", flush=True)
     if a.json:
