@@ -84,12 +84,14 @@ for step in $STEPS; do
              done ;;
   mla_pl2) # split partials kept in L2 until merged (MLA_PARTIAL_L2, the balanced variants' default since 2026-12-05)
            # against the same builds without it (<variant>_nopl2, kernel_spec.partial_l2_experiments), rows with
-           # cuts and uniform rows; first the GPU test that requires both bit-identical on every launch
+           # cuts and uniform rows (h_q 64 L 16K / 32K: the rows that moved +8 % in the H200 table of 2026-12-05
+           # 18:09 while the peers moved +4-6 %); first the GPU test that requires both bit-identical on every launch
            python3 -m pytest -q -m gpu --timeout=600 -p no:cacheprovider -rf tests/mla/test_mla_experiments_gpu.py \
              > "$OUT/mla_experiments_tests.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
              --mla-also seesaw_bal_nopl2 seesaw_bal_cut32 seesaw_bal_cut32_nopl2 --mla-rows 128,1,64,4096 \
-             128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread 128,1,128,8192,varlen \
+             128,1,64,16384 128,1,64,32768 128,1,64,8192,spread 128,1,64,4096,skew 128,1,128,8192,spread \
+             128,1,128,8192,varlen \
              --json "$OUT/mla_pl2.json" > "$OUT/mla_pl2.txt" 2>&1
            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
              --mla-also narrow16_bal_nopl2 narrow16_bal_cut32 narrow16_bal_cut32_nopl2 --mla-rows 128,1,16,4096 \
