@@ -289,26 +289,21 @@ EXPERIMENTS_ENV = "GQADRV_MLA_EXPERIMENTS"
 DEFAULT_VARIANTS = tuple(KERNELS.values())  # the variants experiments are derived from (never experiments)
 
 
+def _derived(base: KernelVariant, suffix: str, what: str, extra: tuple) -> tuple[str, KernelVariant]:
+    """(name, variant): ``base`` built with the ``extra`` defines (replacing base defines of the same
+    names), named ``<base>_<suffix>`` (an experiment, registered only under GQADRV_MLA_EXPERIMENTS=1)."""
+    name = f"{base.name}_{suffix}"
+    names = {n for n, _ in extra}
+    return name, dataclasses.replace(base, name=name, doc=f"{base.name} with {what} (experiment, {EXPERIMENTS_ENV}=1)",
+                                     fixed_defines=tuple(d for d in base.fixed_defines if d[0] not in names) + extra)
+
+
 def schedule_experiments() -> dict:
     """The experiment variants (name -> KernelVariant) derived from every balanced variant."""
-    out = {}
-    for base in [k for k in DEFAULT_VARIANTS if k.balanced]:
-        for suffix, (snap, slack, whole) in SCHEDULE_EXPERIMENTS.items():
-            name = f"{base.name}_{suffix}"
-            out[name] = dataclasses.replace(
-                base, name=name, doc=f"{base.name} with snap shift {snap}, whole slack shift {slack}, whole mode "
-                                     f"{whole} (schedule experiment, {EXPERIMENTS_ENV}=1)",
-                fixed_defines=base.fixed_defines + (("MLA_SNAP_SHIFT", snap), ("MLA_WHOLE_SLACK_SHIFT", slack),
-                                                    ("MLA_WHOLE_MODE", whole)))
-    return out
-
-
-def _derived(base: KernelVariant, suffix: str, what: str, extra: tuple) -> tuple[str, KernelVariant]:
-    """(name, variant): ``base`` built with the ``extra`` defines, named ``<base>_<suffix>`` (an
-    experiment, registered only under GQADRV_MLA_EXPERIMENTS=1)."""
-    name = f"{base.name}_{suffix}"
-    return name, dataclasses.replace(base, name=name, doc=f"{base.name} with {what} (experiment, {EXPERIMENTS_ENV}=1)",
-                                     fixed_defines=base.fixed_defines + extra)
+    return dict(_derived(base, suffix, f"snap shift {snap}, whole slack shift {slack}, whole mode {whole} (schedule)",
+                         (("MLA_SNAP_SHIFT", snap), ("MLA_WHOLE_SLACK_SHIFT", slack), ("MLA_WHOLE_MODE", whole)))
+                for base in DEFAULT_VARIANTS if base.balanced
+                for suffix, (snap, slack, whole) in SCHEDULE_EXPERIMENTS.items())
 
 
 def l2_experiments() -> dict:
@@ -326,14 +321,8 @@ def partial_l2_experiments(schedule: dict) -> dict:
     since then, 1.5-4.5 % faster on rows with cut requests, docs/RESULTS.md; experiment,
     GQADRV_MLA_EXPERIMENTS=1)."""
     bases = [k for k in DEFAULT_VARIANTS if k.balanced] + [v for n, v in schedule.items() if n.endswith("_cut32")]
-    out = {}
-    for base in bases:
-        name = f"{base.name}_nopl2"
-        out[name] = dataclasses.replace(
-            base, name=name, doc=f"{base.name} with MLA_PARTIAL_L2=0 (partials through DRAM; experiment, "
-                                 f"{EXPERIMENTS_ENV}=1)",
-            fixed_defines=tuple(d for d in base.fixed_defines if d[0] != "MLA_PARTIAL_L2") + (("MLA_PARTIAL_L2", 0),))
-    return out
+    return dict(_derived(base, "nopl2", "MLA_PARTIAL_L2=0 (partials through DRAM)", (("MLA_PARTIAL_L2", 0),))
+                for base in bases)
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":
