@@ -325,11 +325,37 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
+# Refill experiments of the TMA seesaw (dense_decode_seesaw.cu): suffix -> (defines, tma_boxes, what).
+# "ci": the consumer warpgroups issue the refills of an item's later pairs themselves (no hand-off
+# through the empty barriers to the TMA thread, as FlashMLA's consumers do); "pb": one TMA box and one
+# full barrier per channel block (Q K^T starts on a block as soon as it lands); "cipb": both.
+REFILL_EXPERIMENTS = {
+    "ci": ((("MLA_CONSUMER_TMA", 1),), (4, 5), "consumer-issued refills within an item"),
+    "pb": ((("MLA_K_BLOCK_BOXES", 1),), (1, 1), "one TMA box and barrier per channel block"),
+    "cipb": ((("MLA_CONSUMER_TMA", 1), ("MLA_K_BLOCK_BOXES", 1)), (1, 1),
+             "consumer-issued refills, one TMA box and barrier per channel block"),
+}
+
+
+def refill_experiments() -> dict:
+    """``<variant>_ci`` / ``_pb`` / ``_cipb`` for the TMA seesaw variants (split and balanced grids; see
+    REFILL_EXPERIMENTS; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    out = {}
+    for base in DEFAULT_VARIANTS:
+        if base.tma_boxes != (4, 5):
+            continue
+        for suffix, (extra, boxes, what) in REFILL_EXPERIMENTS.items():
+            name, v = _derived(base, suffix, what, extra)
+            out[name] = dataclasses.replace(v, tma_boxes=boxes)
+    return out
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
+    KERNELS.update(refill_experiments())
 
 
 def kernel(variant: str) -> KernelVariant:

@@ -243,9 +243,11 @@ GQADRV_DEVICE u64 l2_policy_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
+// Not volatile: the policy is a pure value, so that the compiler creates it once for a run of stores
+// (the MLA partial stores call this once per store).
 GQADRV_DEVICE u64 l2_policy_evict_last() {
   u64 p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
 // Stores with an L2 cache policy (e.g. evict_last for data read back later in the same launch).

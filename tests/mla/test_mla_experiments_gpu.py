@@ -59,3 +59,58 @@ def test_partial_l2_cache_policies_leave_outputs_bit_identical_on_every_launch()
     env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+REFILL_SCRIPT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    rs = np.random.default_rng(5)
+    failures = []
+    nan = np.float16("nan")
+    cases = [  # (b, s_q, h_q, lengths, page): whole requests, cuts, partial last tiles, empty, odd pair counts
+        (128, 1, 64, [4096] * 128, 64),
+        (128, 1, 64, [1024 + (3 * 4096 // 2) * i // 127 for i in range(128)], 64),
+        (37, 2, 128, [int(x) for x in rs.integers(0, 3000, 37)], 128),
+        (9, 1, 64, [0, 1, 63, 64, 65, 129, 191, 4097, 5000], 256),
+        (3, 4, 32, [700, 0, 1500], 64),
+    ]
+    for b, s_q, h_q, lens, page in cases:
+        mb = -(-max(lens) // page) + 1
+        kh = (rs.standard_normal((b * mb, page, 1, 576)) / 10).astype(np.float16)
+        bt_h = rs.permutation(b * mb).astype(np.int32).reshape(b, mb)
+        for i, n in enumerate(lens):  # NaN in every token row past a request's length, poisoned table slots
+            used = -(-n // page)
+            for j in range(used, mb):
+                kh[bt_h[i, j]] = nan
+                bt_h[i, j] = 2147480000
+            if n % page:
+                kh[bt_h[i, used - 1], n % page:] = nan
+        k = cp.asarray(kh)
+        q = cp.asarray((rs.standard_normal((b, s_q, h_q, 576)) / 10).astype(np.float16))
+        bt = cp.asarray(bt_h)
+        sl = cp.asarray(np.array(lens, np.int32))
+        for base in ("seesaw_bal", "seesaw_tma"):
+            ref = None
+            for v in (base, base + "_ci", base + "_pb", base + "_cipb"):
+                p = gqadrv.prepare_mla_decode(q, k, bt, sl, causal=s_q > 1, backend=v)
+                for i in range(3):
+                    o, l = gqadrv.launch_prepared(p)
+                    got = (cp.asnumpy(o).view(np.uint16).copy(), cp.asnumpy(l).copy())
+                    if ref is None:
+                        ref = got
+                        if np.isnan(cp.asnumpy(o).astype(np.float32)).any():
+                            failures.append(f"b{b} s_q{s_q} h_q{h_q} {v}: NaN in the output")
+                    elif not (np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1], equal_nan=True)):
+                        failures.append(f"b{b} s_q{s_q} h_q{h_q} page{page} {v} launch {i}")
+    print("FAILURES:", failures)
+    raise SystemExit(1 if failures else 0)
+""")
+
+
+def test_refill_experiments_match_their_base_bit_for_bit_on_every_launch():
+    """`<variant>_ci` (consumer-issued refills), `_pb` (a TMA box and barrier per channel block) and
+    `_cipb` change only who issues the K loads and how they complete: outputs must equal the base
+    variant's on every launch (poisoned pages and table slots, partial last tiles, empty requests, causal
+    s_q > 1, pages of 64 / 128 / 256, whole-request and cut schedules, split grid)."""
+    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", REFILL_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
