@@ -40,7 +40,8 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
     for mod in (paged, merge):
         mp.setattr(mod, "launch_streams", lambda first, tensors, stream: (int(stream or 7), int(stream or 7)))
     mp.setattr(driver, "ensure_init", lambda: None)
-    info = types.SimpleNamespace(cc=(9, 0), sm_count=132, name="H200 (stub)", l2_bytes=60 << 20)
+    info = types.SimpleNamespace(cc=(9, 0), sm_count=132, name="H200 (stub)", l2_bytes=60 << 20,
+                                 peak_dram_bytes_per_s=4.9e12)
     mp.setattr(driver, "device_info", lambda d: info)
 
     class Kernel:

@@ -85,8 +85,10 @@ def route(problem: MlaProblem, backend: str | None, balanced_ok: bool = True) ->
     key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8, problem.nope, big)
     hit = _routes_cache.get(key)
     if hit is None:
-        variant = _routes.select_variant(_drv.device_info(problem.device).cc, problem.dtype, problem.m_rows, backend,
-                                         use_tma, problem.kv_fp8, problem.nope, big)
+        info = _drv.device_info(problem.device)
+        narrow = _routes.narrow_preferred(getattr(info, "peak_dram_bytes_per_s", None), info.sm_count)
+        variant = _routes.select_variant(info.cc, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8,
+                                         problem.nope, big, narrow)
         require_features(variant.family, features_of(problem), "MLA decode")
         hit = _routes_cache.put(key, (variant, _kernels.load(variant, problem.device)))
     elif problem.causal or problem.s_q > 1:

@@ -16,7 +16,9 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
 * ``narrow16x2_tma`` / ``narrow16_bal`` (sm_90a): tokens as the wgmma M dimension for M <= 16 packed
   rows (e.g. h_q 16, s_q 1), two consumer warpgroups on alternate 64-token tiles, pieces by TMA; on
   the split grid / the balanced persistent grid. The default for M <= 16 when k_cache is
-  TMA-describable (narrow16_bal when the batch fills the SMs as for seesaw_bal), docs/MLA.md.
+  TMA-describable (narrow16_bal when the batch fills the SMs as for seesaw_bal) on GPUs with at least
+  ``NARROW_MIN_DRAM_PER_SM`` of DRAM bandwidth per SM (the H200); below that (the H100) the seesaw
+  routes serve M <= 16 too (``narrow_preferred``), docs/MLA.md.
 * ``narrow16`` / ``narrow32`` (sm_90a): tokens as the wgmma M dimension for M <= 16 / 32 rows with one
   consumer warpgroup (cp.async or, as ``narrow16_tma`` / ``narrow32_tma``, TMA pieces); only when
   forced (slower than the seesaw / narrow16x2 on the H200, docs/MLA.md).
@@ -110,15 +112,32 @@ def backend_for_cc(cc: tuple[int, int]) -> str:
                        f"per block); this GPU has {cc[0]}.{cc[1]}")
 
 
+# Datasheet DRAM bytes per second per SM from which the narrow kernels serve M <= 16 packed rows. Measured
+# (docs/RESULTS.md): on the H200 (4.9e12 B/s, 132 SMs: 37 GB/s per SM) narrow16_bal / narrow16x2_tma
+# are 1.6-8.5 % faster than the seesaw routes at h_q 16; on the H100 SXM (3.35e12 B/s: 25 GB/s per SM)
+# the seesaw routes are 1.7-3.3 % faster. The threshold lies between the two; other GPUs are untested.
+NARROW_MIN_DRAM_PER_SM = 30e9
+
+
+def narrow_preferred(peak_dram_bytes_per_s: float | None, sm_count: int) -> bool:
+    """Whether M <= 16 takes the narrow kernels on this GPU (True when the bandwidth is unknown: the
+    H200's routes)."""
+    if not peak_dram_bytes_per_s or sm_count <= 0:
+        return True
+    return peak_dram_bytes_per_s / sm_count >= NARROW_MIN_DRAM_PER_SM
+
+
 def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | None = None,
-                   tma_ok: bool = False, fp8: bool = False, nope: bool = False, large_batch: bool = False) -> MlaVariant:
+                   tma_ok: bool = False, fp8: bool = False, nope: bool = False, large_batch: bool = False,
+                   narrow_ok: bool = True) -> MlaVariant:
     """The variant for a device and problem (``m_rows`` = s_q * h_q / h_kv); ``backend`` forces one.
     ``tma_ok``: k_cache is TMA-describable (kernel_spec.tma_eligible), so the seesaw runs as
     ``seesaw_tma`` unless the cp.async ``seesaw`` is forced, and as ``seesaw_bal`` (the balanced
     persistent grid) when ``large_batch`` (row blocks of all requests fill 3/4 of the SMs: the split
     grid would give every request one CTA however long it is). ``fp8``: k_cache is the 656-byte FP8
     format, read on sm_90 by ``narrow16_fp8`` (m_rows <= 16) or ``wide64_fp8`` (``seesaw_fp8`` when forced), on
-    sm_100 / sm_110 by ``mma_fp8`` (also forced on sm_90)."""
+    sm_100 / sm_110 by ``mma_fp8`` (also forced on sm_90). ``narrow_ok=False`` (``narrow_preferred`` of the
+    GPU) routes m_rows <= 16 on TMA-describable bf16 / fp16 caches to the seesaw routes as well."""
     native = backend_for_cc(cc)
     forced = check_choice("backend", backend, BACKENDS)
     name = native if forced in (None, "auto") else forced
@@ -143,7 +162,7 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     elif FAMILIES[name].nope:
         raise ValueError(f"MLA backend {name!r} is the d_qk 512 build; it is chosen by d_qk, not by name")
     if name == "seesaw" and forced in (None, "auto") and tma_ok and not nope:
-        if m_rows <= FAMILIES["narrow16_bal"].max_rows:  # tokens as wgmma M, two consumer warpgroups
+        if narrow_ok and m_rows <= FAMILIES["narrow16_bal"].max_rows:  # tokens as wgmma M, two consumer warpgroups
             name = "narrow16_bal" if large_batch else "narrow16x2_tma"
         else:
             name = "seesaw_bal" if large_batch else "seesaw_tma"

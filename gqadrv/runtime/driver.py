@@ -153,10 +153,20 @@ class DeviceInfo:
     smem_optin: int
     l2_bytes: int
     total_memory: int
+    mem_clock_khz: int = 0   # peak memory clock (CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE); 0: not reported
+    mem_bus_bits: int = 0    # global memory bus width (CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
 
     @property
     def arch(self) -> str:
         return f"{self.cc[0]}.{self.cc[1]}"
+
+    @property
+    def peak_dram_bytes_per_s(self) -> float | None:
+        """The datasheet DRAM bandwidth, 2 transfers per memory clock x bus width (H100 SXM 3.35e12,
+        H200 4.9e12); None when the driver reports no memory clock or bus width."""
+        if self.mem_clock_khz <= 0 or self.mem_bus_bits <= 0:
+            return None
+        return 2.0 * self.mem_clock_khz * 1e3 * self.mem_bus_bits / 8
 
 
 @functools.cache
@@ -182,6 +192,8 @@ def device_info(ordinal: int) -> DeviceInfo:
         smem_optin=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         l2_bytes=attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
         total_memory=int(check(drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+        mem_clock_khz=attr(A.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+        mem_bus_bits=attr(A.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
     )
 
 

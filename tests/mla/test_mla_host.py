@@ -85,6 +85,24 @@ def test_argument_block_layout_matches_the_header():
     assert MLA_ARGS.size == kernel_spec.ARGS_BYTES
 
 
+def test_narrow_routes_follow_the_dram_bandwidth_per_sm():
+    """narrow_preferred: the narrow kernels serve M <= 16 from 30 GB/s of datasheet DRAM bandwidth per SM
+    (H200: 2 x 3201 MHz x 6144 bit / 132 SMs = 37 GB/s), the seesaw below (H100 SXM: 2 x 2619 MHz x
+    5120 bit / 132 = 25 GB/s); an unknown bandwidth keeps the narrow routes. DeviceInfo derives the
+    bandwidth from the two driver attributes."""
+    from gqadrv.runtime.driver import DeviceInfo
+
+    def info(clock_khz, bits, sms=132):
+        return DeviceInfo(0, "x", (9, 0), sms, 232448, 50 << 20, 80 << 30, clock_khz, bits)
+
+    h200, h100 = info(3201000, 6144), info(2619000, 5120)
+    assert abs(h200.peak_dram_bytes_per_s - 4.917e12) < 1e9 and abs(h100.peak_dram_bytes_per_s - 3.352e12) < 1e9
+    assert routes.narrow_preferred(h200.peak_dram_bytes_per_s, h200.sm_count)
+    assert not routes.narrow_preferred(h100.peak_dram_bytes_per_s, h100.sm_count)
+    assert info(0, 0).peak_dram_bytes_per_s is None and routes.narrow_preferred(None, 132)
+    assert routes.narrow_preferred(3.352e12, 78)  # fewer SMs, same memory: 43 GB/s per SM
+
+
 def test_routes():
     assert routes.select_variant((9, 0), "bfloat16", 128).family.name == "seesaw"
     assert routes.select_variant((9, 0), "bfloat16", 16).family.name == "seesaw"
@@ -95,6 +113,13 @@ def test_routes():
     assert routes.select_variant((9, 0), "bfloat16", 16, None, True).family.name == "narrow16x2_tma"
     assert routes.select_variant((9, 0), "float16", 8, None, True, large_batch=True).family.name == "narrow16_bal"
     assert routes.select_variant((9, 0), "bfloat16", 17, None, True, large_batch=True).family.name == "seesaw_bal"
+    # GPUs with less DRAM bandwidth per SM (the H100): M <= 16 on the seesaw routes too, unless forced
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, True, narrow_ok=False).family.name == "seesaw_tma"
+    assert routes.select_variant((9, 0), "float16", 8, None, True, large_batch=True,
+                                 narrow_ok=False).family.name == "seesaw_bal"
+    assert routes.select_variant((9, 0), "bfloat16", 16, "narrow16_bal", True, narrow_ok=False).family.name == "narrow16_bal"
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, False, narrow_ok=False).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "bfloat16", 16, None, True, fp8=True, narrow_ok=False).family.name == "narrow16_fp8"
     with pytest.raises(ValueError, match="at most 16"):
         routes.select_variant((9, 0), "bfloat16", 17, "narrow16_bal", True)
     with pytest.raises(ValueError, match="TMA-describable"):
@@ -348,6 +373,39 @@ def test_l2_evict_first_experiment_variants(isolated_cache):
             assert ("L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_first" in ptx) == hinted, name
 
 
+def test_refill_experiment_variants(isolated_cache):
+    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_ci / _pb / _cipb for the TMA seesaw variants (split and
+    balanced grids): MLA_CONSUMER_TMA=1 moves the refills of an item's later pairs from the TMA thread to
+    the consumer warpgroups (the TMA instructions then appear in both roles' code, behind four refill
+    named barriers), MLA_K_BLOCK_BOXES=1 reads k_cache through maps with a box of one channel block
+    (9 TMA loads per tile instead of 2)."""
+    from gqadrv.mla import kernel_spec
+    from gqadrv.runtime.compiler import compile_module
+
+    exp = kernel_spec.refill_experiments()
+    assert set(exp) == {f"{b}_{s}" for b in ("seesaw_tma", "seesaw_bal") for s in ("ci", "pb", "cipb")}
+    for name, v in exp.items():
+        base_name, suffix = name.rsplit("_", 1)
+        base = kernel_spec.KERNELS[base_name]
+        extra = dict(kernel_spec.REFILL_EXPERIMENTS[suffix][0])
+        assert dict(v.fixed_defines) == dict(base.fixed_defines, **extra), name
+        assert v.tma_boxes == ((1, 1) if "MLA_K_BLOCK_BOXES" in extra else (4, 5)), name
+        assert (v.source, v.entry, v.smem_bytes, v.balanced) == (base.source, base.entry, base.smem_bytes, base.balanced)
+        maps = kernel_spec.k_tensor_maps(64, 1, 10, (64 * 576, 576, 576), v.tma_boxes)
+        assert [m["box"][2] for m in maps] == list(v.tma_boxes)
+
+    def tma_and_bars(v):
+        ptx = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache).ptx.decode()
+        return ptx.count("cp.async.bulk.tensor.5d"), (ptx.count("bar.sync "), ptx.count("bar.arrive "))
+
+    n_base, bars_base = tma_and_bars(kernel_spec.KERNELS["seesaw_bal"])
+    n_ci, bars_ci = tma_and_bars(exp["seesaw_bal_ci"])
+    n_pb, bars_pb = tma_and_bars(exp["seesaw_bal_pb"])
+    assert n_base == 4 and n_ci == 8 and n_pb == 18, (n_base, n_ci, n_pb)
+    # the four refills: warp 0 syncs, warps 1..3 arrive (ids are registers in the PTX: count the instructions)
+    assert bars_ci == (bars_base[0] + 4, bars_base[1] + 4) and bars_pb == bars_base, (bars_base, bars_ci, bars_pb)
+
+
 def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(isolated_cache):
     """The balanced variants build with MLA_PARTIAL_L2=1: their partial stores carry an L2 evict_last
     policy and their merges discard the partials' lines; the split-grid variants do neither.
@@ -356,8 +414,8 @@ def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(i
     from gqadrv.mla import kernel_spec
     from gqadrv.runtime.compiler import compile_module
 
-    for name, v in kernel_spec.KERNELS.items():
-        assert (("MLA_PARTIAL_L2", 1) in v.fixed_defines) == v.balanced, name
+    for v in kernel_spec.DEFAULT_VARIANTS:  # (KERNELS also holds the experiments under GQADRV_MLA_EXPERIMENTS=1)
+        assert (("MLA_PARTIAL_L2", 1) in v.fixed_defines) == v.balanced, v.name
     sched = kernel_spec.schedule_experiments()
     off = kernel_spec.partial_l2_experiments(sched)
     assert set(off) == {"seesaw_bal_nopl2", "narrow16_bal_nopl2", "seesaw_bal_cut32_nopl2", "narrow16_bal_cut32_nopl2"}
