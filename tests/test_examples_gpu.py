@@ -27,6 +27,8 @@ def test_example(script, args, report):
     if script.startswith("jax"):
         pytest.importorskip("jax")
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0")
+    # the checkout's package first, also where it is not pip-installed (a bare GPU machine)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES.parent), os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     report(f"$ python examples/{script} {' '.join(args)}".rstrip())
