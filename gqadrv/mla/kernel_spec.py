@@ -235,9 +235,11 @@ KERNELS = {
         "pages of 64..256 tokens", tma_boxes=(1,)),
     "narrow16_bal": KernelVariant(
         "narrow16_bal", "mla/sm90/dense_decode_narrow2.cu", "mla_dense_decode_narrow2_tma", 384, 16,
-        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2), ("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1)),
-        ("sm_90a",), 16, "narrow16x2_tma on the balanced persistent grid (work_items.cuh), split partials kept in L2 "
-        "until merged (MLA_PARTIAL_L2); M <= 16", tma_boxes=(1,), balanced=True),
+        _narrow2_used(_N2) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N2), ("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1),
+                                    ("MLA_WHOLE_MODE", 0)),
+        ("sm_90a",), 16, "narrow16x2_tma on the balanced persistent grid (work_items.cuh), every request's share cut "
+        "evenly over the CTAs (MLA_WHOLE_MODE 0), split partials kept in L2 until merged (MLA_PARTIAL_L2); M <= 16",
+        tma_boxes=(1,), balanced=True),
     "narrow16_fp8": KernelVariant(
         "narrow16_fp8", "mla/sm90/dense_decode_narrow_fp8.cu", "mla_dense_decode_narrow_fp8", 384, 16,
         NARROW_FP8_SMEM_BYTES, (("MLA_NSTAGE", NARROW_FP8_STAGES),), ("sm_90a",), 16,
@@ -283,8 +285,11 @@ assert all(v.smem_bytes <= SMEM_LIMIT for v in KERNELS.values()), {k: v.smem_byt
 # same run (``bench --op mla --mla-also seesaw_bal_snap32 ...``). Never routed; forced by name only.
 # suffix -> (snap shift, whole-mode slack shift, whole mode): chunk / 8 snapping (the default before
 # 2026-12-05), chunk / 16 with the whole mode at even / 8, chunk / 32 with even / 16, chunk / 32 cuts
-# always (the default: chunk / 32 with even / 4, docs/MLA.md).
-SCHEDULE_EXPERIMENTS = {"snap8": (3, 2, 1), "snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0)}
+# always; "whole": the two-mode rule with chunk / 32 and even / 4 (seesaw_bal's default, and narrow16_bal's until
+# 2026-12-05 evening, when narrow16_bal switched to cuts always: 1-4 % faster on the H200's uniform h_q 16 rows
+# with the partials kept in L2, docs/MLA.md).
+SCHEDULE_EXPERIMENTS = {"snap8": (3, 2, 1), "snap16": (4, 3, 1), "snap32": (5, 4, 1), "cut32": (5, 4, 0),
+                        "whole": (5, 2, 1)}
 EXPERIMENTS_ENV = "GQADRV_MLA_EXPERIMENTS"
 DEFAULT_VARIANTS = tuple(KERNELS.values())  # the variants experiments are derived from (never experiments)
 
@@ -325,37 +330,11 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
-# Refill experiments of the TMA seesaw (dense_decode_seesaw.cu): suffix -> (defines, tma_boxes, what).
-# "ci": the consumer warpgroups issue the refills of an item's later pairs themselves (no hand-off
-# through the empty barriers to the TMA thread, as FlashMLA's consumers do); "pb": one TMA box and one
-# full barrier per channel block (Q K^T starts on a block as soon as it lands); "cipb": both.
-REFILL_EXPERIMENTS = {
-    "ci": ((("MLA_CONSUMER_TMA", 1),), (4, 5), "consumer-issued refills within an item"),
-    "pb": ((("MLA_K_BLOCK_BOXES", 1),), (1, 1), "one TMA box and barrier per channel block"),
-    "cipb": ((("MLA_CONSUMER_TMA", 1), ("MLA_K_BLOCK_BOXES", 1)), (1, 1),
-             "consumer-issued refills, one TMA box and barrier per channel block"),
-}
-
-
-def refill_experiments() -> dict:
-    """``<variant>_ci`` / ``_pb`` / ``_cipb`` for the TMA seesaw variants (split and balanced grids; see
-    REFILL_EXPERIMENTS; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    out = {}
-    for base in DEFAULT_VARIANTS:
-        if base.tma_boxes != (4, 5):
-            continue
-        for suffix, (extra, boxes, what) in REFILL_EXPERIMENTS.items():
-            name, v = _derived(base, suffix, what, extra)
-            out[name] = dataclasses.replace(v, tma_boxes=boxes)
-    return out
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
-    KERNELS.update(refill_experiments())
 
 
 def kernel(variant: str) -> KernelVariant:

@@ -373,39 +373,6 @@ def test_l2_evict_first_experiment_variants(isolated_cache):
             assert ("L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_first" in ptx) == hinted, name
 
 
-def test_refill_experiment_variants(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_ci / _pb / _cipb for the TMA seesaw variants (split and
-    balanced grids): MLA_CONSUMER_TMA=1 moves the refills of an item's later pairs from the TMA thread to
-    the consumer warpgroups (the TMA instructions then appear in both roles' code, behind four refill
-    named barriers), MLA_K_BLOCK_BOXES=1 reads k_cache through maps with a box of one channel block
-    (9 TMA loads per tile instead of 2)."""
-    from gqadrv.mla import kernel_spec
-    from gqadrv.runtime.compiler import compile_module
-
-    exp = kernel_spec.refill_experiments()
-    assert set(exp) == {f"{b}_{s}" for b in ("seesaw_tma", "seesaw_bal") for s in ("ci", "pb", "cipb")}
-    for name, v in exp.items():
-        base_name, suffix = name.rsplit("_", 1)
-        base = kernel_spec.KERNELS[base_name]
-        extra = dict(kernel_spec.REFILL_EXPERIMENTS[suffix][0])
-        assert dict(v.fixed_defines) == dict(base.fixed_defines, **extra), name
-        assert v.tma_boxes == ((1, 1) if "MLA_K_BLOCK_BOXES" in extra else (4, 5)), name
-        assert (v.source, v.entry, v.smem_bytes, v.balanced) == (base.source, base.entry, base.smem_bytes, base.balanced)
-        maps = kernel_spec.k_tensor_maps(64, 1, 10, (64 * 576, 576, 576), v.tma_boxes)
-        assert [m["box"][2] for m in maps] == list(v.tma_boxes)
-
-    def tma_and_bars(v):
-        ptx = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache).ptx.decode()
-        return ptx.count("cp.async.bulk.tensor.5d"), (ptx.count("bar.sync "), ptx.count("bar.arrive "))
-
-    n_base, bars_base = tma_and_bars(kernel_spec.KERNELS["seesaw_bal"])
-    n_ci, bars_ci = tma_and_bars(exp["seesaw_bal_ci"])
-    n_pb, bars_pb = tma_and_bars(exp["seesaw_bal_pb"])
-    assert n_base == 4 and n_ci == 8 and n_pb == 18, (n_base, n_ci, n_pb)
-    # the four refills: warp 0 syncs, warps 1..3 arrive (ids are registers in the PTX: count the instructions)
-    assert bars_ci == (bars_base[0] + 4, bars_base[1] + 4) and bars_pb == bars_base, (bars_base, bars_ci, bars_pb)
-
-
 def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(isolated_cache):
     """The balanced variants build with MLA_PARTIAL_L2=1: their partial stores carry an L2 evict_last
     policy and their merges discard the partials' lines; the split-grid variants do neither.

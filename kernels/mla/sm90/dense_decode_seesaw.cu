@@ -170,21 +170,11 @@ static_assert(CONSUMER_REGS % 8 == 0 && PRODUCER_REGS % 8 == 0 && 256 * CONSUMER
               "setmaxnreg budgets exceed the CTA's launch allocation (384 threads x 168 registers)");
 
 enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5, BAR_WG0 = 6, BAR_WG1 = 7 };
-// MLA_CONSUMER_TMA: one named barrier per refill a consumer warpgroup issues (warps 1..3 arrive, warp 0
-// syncs); four ids, so that a warpgroup's two refills of a pair never share a barrier phase.
-enum : int { BAR_REFILL_K0LO = 9, BAR_REFILL_K1LO = 10, BAR_REFILL_K1HI = 11, BAR_REFILL_K0HI = 12 };
 
 #ifndef MLA_TMA_K
 #define MLA_TMA_K 0  // 1: K tiles by TMA (one producer thread), see the header comment
 #endif
-#ifndef MLA_CONSUMER_TMA
-#define MLA_CONSUMER_TMA 0  // 1 (TMA mode): the consumers issue the refills of an item's later pairs themselves
-#endif
-#ifndef MLA_K_BLOCK_BOXES
-#define MLA_K_BLOCK_BOXES 0  // 1 (TMA mode): one TMA box and one full barrier per channel block (tma_boxes (1, 1))
-#endif
 static_assert(!(MLA_TMA_K && MLA_FP8), "the FP8 build loads K through registers, not by TMA");
-static_assert(MLA_TMA_K || !(MLA_CONSUMER_TMA || MLA_K_BLOCK_BOXES), "MLA_CONSUMER_TMA / MLA_K_BLOCK_BOXES need MLA_TMA_K");
 static_assert(!(MLA_NOPE && (MLA_TMA_K || MLA_FP8)), "MLA_NOPE (d_qk 512) is built on the cp.async bf16 / fp16 path");
 
 
@@ -196,7 +186,7 @@ GQADRV_DEVICE void k_fence() {
 #endif
 }
 
-#if MLA_TMA_K && !MLA_K_BLOCK_BOXES
+#if MLA_TMA_K
 // TMA mode: one barrier per half tile (cb 0..3 -> full[slot][0], cb 4..8 -> full[slot][4])
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + (cb < 4 ? 0 : 4)); }
 #else
@@ -338,38 +328,12 @@ GQADRV_DEVICE TileSrc tile_src(const MlaDecodeArgs& a, const i32* bt_row, int ti
   const int tok = tile * 64;
   return TileSrc{tok < tok_end ? __ldg(bt_row + (tok >> a.page_shift)) : -1, tok & (a.page_size - 1)};
 }
-// Channel blocks [C0, C1) of a tile into K slot `slot` (C0 = 0: k_lo, 4 blocks; C0 = 4: k_hi, 5 blocks):
-// one TMA completing on the half's barrier, or (MLA_K_BLOCK_BOXES, maps with a box of one block) one
-// TMA per block, each completing on its block's barrier.
+// One TMA for channel blocks [C0, C1) of a tile (C0 = 0: k_lo, 4 blocks; C0 = 4: k_hi, 5 blocks).
 template <int C0, int C1>
-GQADRV_DEVICE void tma_half(u32 sb, int slot, const TmaDesc* km, const TileSrc& src, int kvh) {
-  const u32 dst = sb + (slot ? OFF_K1 : OFF_K0);
-#if MLA_K_BLOCK_BOXES
-#pragma unroll
-  for (int c = C0; c < C1; ++c) {
-    mbar_arrive_expect_tx(full_bar(sb, slot, c), CB);
-    mla_tma_k_5d(dst + (u32)c * CB, km, full_bar(sb, slot, c), 0, src.off, c, kvh, src.blk);
-  }
-#else
-  mbar_arrive_expect_tx(full_bar(sb, slot, C0), (u32)(C1 - C0) * CB);
-  mla_tma_k_5d(dst + (u32)C0 * CB, km, full_bar(sb, slot, C0), 0, src.off, C0, kvh, src.blk);
-#endif
+GQADRV_DEVICE void tma_half(u32 slot, u32 bar, const TmaDesc* km, const TileSrc& src, int kvh) {
+  mbar_arrive_expect_tx(bar, (u32)(C1 - C0) * CB);
+  mla_tma_k_5d(slot + (u32)C0 * CB, km, bar, 0, src.off, C0, kvh, src.blk);
 }
-#if MLA_CONSUMER_TMA
-// A consumer warpgroup's refill of a K half for its item's next pair, once all four of its warps have
-// retired the wgmma groups that read the half (each waited before calling): warps 1..3 arrive on the
-// refill's named barrier, warp 0 syncs on it and its lane 0 issues the TMA. wi: warp in the warpgroup.
-template <int C0, int C1>
-GQADRV_DEVICE void refill_half(u32 sb, int slot, const TmaDesc* km, const TileSrc& src, int kvh, int wi, int lane,
-                               int bar_id) {
-  if (wi == 0) {
-    named_bar_sync(bar_id, 128);
-    if (lane == 0) tma_half<C0, C1>(sb, slot, km, src, kvh);
-  } else {
-    named_bar_arrive(bar_id, 128);
-  }
-}
-#endif
 #endif
 
 #if MLA_FP8
@@ -543,25 +507,22 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
         TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
         TileSrc s1 = tile_src(a, bt_row, t_beg + 1, tok_end);
-        // MLA_CONSUMER_TMA: only the item's first pair (the consumers refill the others, and release
-        // the halves only after an item's last pair: the empty barriers complete once per item)
 #pragma unroll 1
-        for (int it = 0; it < (MLA_CONSUMER_TMA ? 1 : npairs); ++it) {
+        for (int it = 0; it < npairs; ++it) {
           const int T0 = t_beg + 2 * it;
-          // empty parity: the first fill of every block is free
-          const u32 pe = (u32)((MLA_CONSUMER_TMA ? nq : gp + it) & 1) ^ 1u;
-          const bool nxt = !MLA_CONSUMER_TMA && it + 1 < npairs;
+          const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
+          const bool nxt = it + 1 < npairs;
           // next pair's block-table entries, one pair ahead (in flight during the empty waits)
           const TileSrc n0 = nxt ? tile_src(a, bt_row, T0 + 2, tok_end) : s0;
           const TileSrc n1 = nxt ? tile_src(a, bt_row, T0 + 3, tok_end) : s1;
           mbar_wait_wd(empty_bar(sb, 0, 0), pe);
-          tma_half<0, 4>(sb, 0, &k_lo, s0, kvh);
+          tma_half<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), &k_lo, s0, kvh);
           mbar_wait_wd(empty_bar(sb, 1, 1), pe);
-          tma_half<4, 9>(sb, 1, &k_hi, s1, kvh);
+          tma_half<4, 9>(sb + OFF_K1, full_bar(sb, 1, 4), &k_hi, s1, kvh);
           mbar_wait_wd(empty_bar(sb, 0, 1), pe);
-          tma_half<4, 9>(sb, 0, &k_hi, s0, kvh);
+          tma_half<4, 9>(sb + OFF_K0, full_bar(sb, 0, 4), &k_hi, s0, kvh);
           mbar_wait_wd(empty_bar(sb, 1, 0), pe);
-          tma_half<0, 4>(sb, 1, &k_lo, s1, kvh);
+          tma_half<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), &k_lo, s1, kvh);
           s0 = n0;
           s1 = n1;
           MLA_MARK(a, 13, nq == 0 && it == 0);
@@ -672,9 +633,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const int lim_lo = min(row_key_limit(a, len, row0 + r_lo), tok_end);
   const int lim_hi = min(row_key_limit(a, len, row0 + r_hi), tok_end);
   const int lim_min = min(row_key_limit(a, len, row0), tok_end);
-#if MLA_CONSUMER_TMA
-  const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;  // the refills' block-table row
-#endif
 
   float o[128];
 #pragma unroll
@@ -713,10 +671,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const int T0 = t_beg + 2 * it;
         const bool nxt = it + 1 < npairs;
         const u32 ph = (u32)((gp + it) & 1);
-#if MLA_CONSUMER_TMA
-        // the next pair's pages, read a pair ahead (no read for tiles at or past tok_end)
-        const TileSrc n0 = tile_src(a, bt_row, T0 + 2, tok_end), n1 = tile_src(a, bt_row, T0 + 3, tok_end);
-#endif
         // softmax of S0 against the shared running max
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
@@ -756,14 +710,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         wgmma_wait<0>();
         reg_fence(o);
         reg_fence_u(pa);
-#if MLA_CONSUMER_TMA
-        if (nxt)
-          refill_half<0, 4>(sb, 0, &k_lo, n0, kvh, wi, lane, BAR_REFILL_K0LO);  // K0 cb 0..3 dead: refill
-        else if (RELEASE_LAST)
-          release(empty_bar(sb, 0, 0), lane);
-#else
         if (RELEASE_LAST || nxt) release(empty_bar(sb, 0, 0), lane);  // K0 cb 0..3 dead
-#endif
         // O_L = O_L a1 + P1 V1L (SS, sP1 from WG1)
         named_bar_sync(BAR_P1, 256);
         if (rescale1) scale_o(o, a1_lo, a1_hi);
@@ -787,11 +734,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #pragma unroll
           for (int c = 0; c < 4; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, c == 0);
           wgmma_wait<4>();
-#if MLA_CONSUMER_TMA
-          refill_half<0, 4>(sb, 1, &k_lo, n1, kvh, wi, lane, BAR_REFILL_K1LO);
-#else
           release(empty_bar(sb, 1, 0), lane);
-#endif
 #pragma unroll
           for (int c = 4; c < NCB; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, false);
         }
@@ -808,9 +751,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const int T1 = t_beg + 2 * it + 1;
         const bool nxt = it + 1 < npairs;
         const u32 ph = (u32)((gp + it) & 1);
-#if MLA_CONSUMER_TMA
-        const TileSrc n0 = tile_src(a, bt_row, T1 + 1, tok_end), n1 = tile_src(a, bt_row, T1 + 2, tok_end);
-#endif
         float mx_lo, mx_hi;
         scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
@@ -857,18 +797,10 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         if (nxt) {
           wgmma_wait<1>();  // P1 V1R done: K1 cb 4..8 are dead
           reg_fence_u(pa);
-#if MLA_CONSUMER_TMA
-          refill_half<4, 9>(sb, 1, &k_hi, n1, kvh, wi, lane, BAR_REFILL_K1HI);
-#else
           release(empty_bar(sb, 1, 1), lane);
-#endif
           wgmma_wait<0>();  // sP0 V0R done: K0 cb 4..8 (and sP0) are dead
           reg_fence(o);
-#if MLA_CONSUMER_TMA
-          refill_half<4, 9>(sb, 0, &k_hi, n0, kvh, wi, lane, BAR_REFILL_K0HI);
-#else
           release(empty_bar(sb, 0, 1), lane);
-#endif
           // next S1: cb 4..8, then cb 0..3 (refilled after WG0's sP1 V1L)
           wgmma_fence();
 #pragma unroll
