@@ -41,7 +41,7 @@ def header_define(name: str) -> int:
 # (snap shift, whole-mode slack shift, whole mode): the header's defaults, and each schedule experiment
 # of kernel_spec (built with other values of the same three defines)
 DEFAULT_SCHED = (header_define("MLA_SNAP_SHIFT"), header_define("MLA_WHOLE_SLACK_SHIFT"), header_define("MLA_WHOLE_MODE"))
-SCHEDS = [DEFAULT_SCHED, *SCHEDULE_EXPERIMENTS.values()]
+SCHEDS = list(dict.fromkeys([DEFAULT_SCHED, *SCHEDULE_EXPERIMENTS.values()]))  # ("whole" is the header default)
 
 
 def snap_boundary(x, c, w, chunk, shift=None):
@@ -275,7 +275,12 @@ def test_schedule_experiments_differ_from_the_default_where_meant():
     leave more). snap32 (even / 16 slack) sends b = 110 to the cut mode with every CTA at the even share
     plus one boundary's tolerance; cut32 also cuts b = 128 uniform."""
     cost = req_cost()
-    assert DEFAULT_SCHED == (5, 2, 1)
+    assert DEFAULT_SCHED == (5, 2, 1) == SCHEDULE_EXPERIMENTS["whole"]
+    # the builds: seesaw_bal takes the header's two-mode rule, narrow16_bal cuts always (cut32's schedule)
+    from gqadrv.mla import kernel_spec
+
+    nb, sb = (dict(kernel_spec.kernel(n).fixed_defines) for n in ("narrow16_bal", "seesaw_bal"))
+    assert nb["MLA_WHOLE_MODE"] == SCHEDULE_EXPERIMENTS["cut32"][2] == 0 and "MLA_WHOLE_MODE" not in sb
     lens110 = [8192] * 110
     ws = [cost + npairs(x) for x in lens110]
     assert whole_k(ws, 132) == 1 and whole_k(ws, 132, SCHEDULE_EXPERIMENTS["snap8"]) == 1
