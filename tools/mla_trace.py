@@ -14,8 +14,8 @@ Rows are the bench's `b,s_q,h_q,L[,kind]` (kind uniform / varlen / skew / spread
 each backend group applies to the rows its kernel serves (h_q <= 16 for narrow*, any for seesaw*).
 Stamps: 0 entry, 1 schedule scan done, 2/5/8 item 0/1/2 Q ready (consumer side), 3/6/9 its last tile
 done, 4/7/10 its epilogue done (out stored, or partial stored and ticket drawn), 11 all items done,
-12 merges won done, 13 first K load issued, 14 last K load issued (producer thread), 15 item 0's Q
-copied (a Q loader). A stamp that a CTA did not reach stays 0 and is left out of its statistics.
+12 merges won done, 13 first K load issued, 14 last K load issued (producer thread); slot 15 holds
+the CTA's SM (%smid), not a time. A stamp that a CTA did not reach stays 0 and is left out of its statistics.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def route(problem: MlaProblem, backend: str | None, balanced_ok: bool = True) ->
     hit = _routes_cache.get(key)
     if hit is None:
         info = _drv.device_info(problem.device)
-        narrow = _routes.narrow_preferred(getattr(info, "peak_dram_bytes_per_s", None), info.sm_count)
+        narrow = _routes.narrow_preferred(info.peak_dram_bytes_per_s, info.sm_count)
         variant = _routes.select_variant(info.cc, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8,
                                          problem.nope, big, narrow)
         require_features(variant.family, features_of(problem), "MLA decode")

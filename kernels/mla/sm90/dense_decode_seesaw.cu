@@ -118,7 +118,8 @@
 //           builds (MLA_PARTIAL_L2=1): partial stores with an L2 evict_last policy, the merged partials'
 //           lines discarded from L2 (decode_util.cuh store_partial*, merge_partials_from).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
-//           consumer thread 0, the TMA thread and a Q loader (decode_util.cuh); compiled out otherwise.
+//           consumer thread 0 and the TMA thread, and the CTA's SM (%smid, MLA_MARK_SM) in slot 15
+//           (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
 #include "../common/decode_util.cuh"
