@@ -108,6 +108,20 @@ GQADRV_DEVICE void ldsm_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }
+// stmatrix.m8n8.x4 (sm_90+): matrix i (register ri of every lane, the mma fragment layout: lane 4g + t
+// holds row g, columns 2t, 2t + 1) goes to the 16-byte rows whose shared addresses lanes 8i .. 8i + 7
+// give.
+GQADRV_DEVICE void stsm_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+// The same, transposed: element (g, 2t + e) of matrix i goes to column g of row 2t + e.
+GQADRV_DEVICE void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 GQADRV_DEVICE U32x4 ld_global_nc_v4(const void* p) {
   U32x4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

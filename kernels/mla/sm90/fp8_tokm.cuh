@@ -8,7 +8,6 @@
 //   wgmma_rs<DT, N>(d, a0..a3, desc_b, scale_d)   wgmma m64nNk16, A from registers, N = 16 or 64
 //   bulk_g2s(dst, src, bytes, bar)                  cp.async.bulk global -> shared, complete_tx on bar
 //   produce_rows<NSTAGE, HALVES>(...)               the producer warpgroup's loop (below)
-//   stsm_x4(addr, r0..r3) / stsm_x4_trans(...)      stmatrix.x4 (.trans): four 8x8 f16 matrices of a fragment
 //   over_g(v, op)                                   v reduced over the 8 lanes g of a warp (xor 4, 8, 16)
 //   wg_all(flags, w, lane, id, v)                   a warpgroup-wide AND of v through 4 smem flags + barrier id
 //   q_logical_latent(p) / q_logical_rope(c)         the logical k index of a physical Q channel
@@ -105,21 +104,6 @@ GQADRV_DEVICE void wgmma_rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u
   }
 #undef TOKM_RS16
 #undef TOKM_RS64
-}
-
-// stmatrix.m8n8.x4: matrix i (register ri of every lane, the mma fragment layout: lane 4g + t holds
-// row g, columns 2t, 2t + 1) goes to the rows whose addresses lanes 8i .. 8i + 7 give.
-GQADRV_DEVICE void stsm_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
-               "r"(r3)
-               : "memory");
-}
-
-// The same, transposed: element (g, 2t + e) of matrix i goes to column g of row 2t + e.
-GQADRV_DEVICE void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
 }
 
 // v reduced with op over the 8 lanes g of a warp that share t (lane = 4g + t: xor 4, 8, 16), i.e. over
