@@ -31,9 +31,19 @@ def _only_backend() -> str | None:
     return args[args.index("--backend") + 1] if "--backend" in args and args.index("--backend") + 1 < len(args) else None
 
 
-def _skip(backend: str) -> bool:
+def _run_as(backend: str) -> str | None:
+    """The backend a case written for ``backend`` runs on, or None (skipped): every case without
+    --backend; with --backend NAME the cases of NAME, or of its base when NAME is an experiment build
+    of a default variant (GQADRV_MLA_EXPERIMENTS=1: ``<base>_<suffix>``, e.g. seesaw_bal_lean runs the
+    seesaw_bal cases; the longest default name that NAME extends is its base)."""
     only = _only_backend()
-    return only is not None and backend != only
+    if only is None or only == backend:
+        return backend
+    from gqadrv.mla import kernel_spec
+
+    names = {k.name for k in kernel_spec.DEFAULT_VARIANTS}
+    bases = [n for n in names if only.startswith(n + "_")]
+    return only if only not in names and bases and max(bases, key=len) == backend else None
 
 
 def main() -> int:
@@ -165,28 +175,30 @@ def _mla_routes(cp, gqadrv, rng) -> int:
                                        ("narrow16_bal", None, 1, 64), ("narrow16_bal", 2, 1, 128),
                                        ("seesaw_bal", None, 1, 64), ("seesaw_bal", 2, 2, 128),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
-        if _skip(backend):
+        run_as = _run_as(backend)
+        if run_as is None:
             continue
         q, k, bt, ln = make_case(rng, 3, s_q, 16, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
-                                               num_splits=splits, causal=s_q > 1, backend=backend)
+                                               num_splits=splits, causal=s_q > 1, backend=run_as)
         ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, s_q > 1)
         err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
-        print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+        print(f"mla {run_as:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
     # balanced grid on a uniform batch of k = 2 requests per CTA (the whole-request chunk, no cuts)
     for backend, h_q in (("seesaw_bal", 64), ("narrow16_bal", 16)):
-        if _skip(backend):
+        run_as = _run_as(backend)
+        if run_as is None:
             continue
         q, k, bt, ln = make_case(rng, 4, 1, h_q, 1, 64, [300] * 4, max_blocks=5)
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
-                                               num_splits=2, backend=backend)
+                                               num_splits=2, backend=run_as)
         ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, False)
         err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
         ok = err < 3e-2 and bool(np.allclose(cp.asnumpy(lse), rl, atol=1e-3))
         bad += not ok
-        print(f"mla {backend:10s} uniform b=4 on 2 CTAs max err {err:.2e} {'OK' if ok else 'FAIL'}")
+        print(f"mla {run_as:10s} uniform b=4 on 2 CTAs max err {err:.2e} {'OK' if ok else 'FAIL'}")
     # the 656-byte FP8 cache (is_fp8_kvcache=True): unused rows all 0xFF (NaN codes, scales and RoPE)
     from gqadrv.mla.fp8_reference import dequantize_k_cache_reference, quantize_k_cache_reference
 
@@ -196,18 +208,19 @@ def _mla_routes(cp, gqadrv, rng) -> int:
                                             ("narrow16_fp8", 3, 1, 16, 16), ("narrow16_fp8", 2, 2, 1, 8),
                                             ("wide64_fp8", 1, 1, 64, 64), ("wide64_fp8", 3, 2, 16, 128),
                                             ("wide64_fp8", 2, 1, 1, 32)):
-        if _skip(backend):
+        run_as = _run_as(backend)
+        if run_as is None:
             continue
         q, k, bt, ln = make_case(rng, 3, s_q, h_q, 1, page, [300, 0, 10**6], max_blocks=-(-300 // page))
         k8 = quantize_k_cache_reference(k)
         k8[np.isnan(np.asarray(k, np.float32)).all(axis=-1)] = 0xFF
         o, lse = gqadrv.flash_mla_with_kvcache(cp.asarray(q), cp.asarray(k8), cp.asarray(bt), cp.asarray(ln), 512,
-                                               num_splits=splits, causal=s_q > 1, backend=backend, is_fp8_kvcache=True)
+                                               num_splits=splits, causal=s_q > 1, backend=run_as, is_fp8_kvcache=True)
         ro, rl = mla_decode_reference(q, dequantize_k_cache_reference(k8), bt, ln, 512, None, s_q > 1)
         err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
         ok = err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
         bad += not ok
-        print(f"mla {backend:10s} splits={splits} s_q={s_q} page={page} fp8 max err {err:.2e} {'OK' if ok else 'FAIL'}")
+        print(f"mla {run_as:10s} splits={splits} s_q={s_q} page={page} fp8 max err {err:.2e} {'OK' if ok else 'FAIL'}")
     return bad + _sparse_routes(cp, gqadrv, rng)
 
 
@@ -226,7 +239,8 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
     for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
                                       (True, "narrow16_fp8", 3, 1), (True, "wide64_fp8", 3, 2), (False, "seesaw", 3, 2),
                                       (False, "mma", 1, 1)):
-        if _skip(backend):
+        run_as = _run_as(backend)
+        if run_as is None:
             continue
         k = (rng.standard_normal((nb, page, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
         ek = (rng.standard_normal((enb, epage, 1, 576)) / 4).astype(ml_dtypes.bfloat16)
@@ -254,7 +268,7 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
             dk, dek, kn, ekn = cp.asarray(k), cp.asarray(ek), k, ek
         dq = cp.asarray(qw)[:, :s_q]
         o, lse = gqadrv.flash_mla_with_kvcache(dq, dk, None, None, 512, None, num_splits=splits, is_fp8_kvcache=fp8,
-                                               backend=backend, indices=cp.asarray(idx), attn_sink=cp.asarray(sink),
+                                               backend=run_as, indices=cp.asarray(idx), attn_sink=cp.asarray(sink),
                                                topk_length=cp.asarray(tl), extra_k_cache=dek,
                                                extra_indices_in_kvcache=cp.asarray(eidx),
                                                extra_topk_length=cp.asarray(etl))
@@ -265,7 +279,7 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
         ok = (err < 3e-2 and lerr < 1e-3 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
               and not np.isnan(cp.asnumpy(o).astype(np.float32)).any())
         bad += not ok
-        print(f"mla sparse {'fp8 ' if fp8 else 'bf16'} {backend:10s} splits={splits} s_q={s_q} max err {err:.2e} "
+        print(f"mla sparse {'fp8 ' if fp8 else 'bf16'} {run_as:10s} splits={splits} s_q={s_q} max err {err:.2e} "
               f"lse {lerr:.2e} {'OK' if ok else 'FAIL'}")
     return bad
 

@@ -399,3 +399,38 @@ def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(i
         assert ("discard.global.L2" in ptx) == hinted, v.name
         r = m.resources[next(iter(m.resources))]
         assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
+
+
+def test_lean_experiment_variants(isolated_cache):
+    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_lean (MLA_LEAN=1, tile64_ops.cuh) for every build of
+    dense_decode_seesaw.cu: the same build with the softmax scale folded into the exponential's FFMA,
+    P stored by stmatrix and the wgmma descriptors formed as a base plus a constant. The default builds
+    keep the separate scale multiply, the 32-bit P stores and the masked address field of every
+    descriptor (0x3FFF0); the lean builds drop 32 multiplies per tile and warpgroup and spill nothing."""
+    import re
+
+    from gqadrv.mla import kernel_spec
+    from gqadrv.runtime.compiler import compile_module
+
+    lean = kernel_spec.lean_experiments()
+    seesaw = {k.name for k in kernel_spec.DEFAULT_VARIANTS if k.source == "mla/sm90/dense_decode_seesaw.cu"}
+    assert {n[:-5] for n in lean} == seesaw and {"seesaw", "seesaw_tma", "seesaw_bal", "seesaw_fp8"} <= seesaw
+    for name, v in lean.items():
+        base = kernel_spec.KERNELS[name[:-5]]
+        assert v.fixed_defines == base.fixed_defines + (("MLA_LEAN", 1),)
+        assert (v.source, v.entry, v.smem_bytes, v.tma_boxes, v.fp8, v.nope, v.balanced) == (
+            base.source, base.entry, base.smem_bytes, base.tma_boxes, base.fp8, base.nope, base.balanced)
+    for name in ("seesaw_bal", "seesaw_fp8"):
+        counts = {}
+        for v in (kernel_spec.KERNELS[name], lean[name + "_lean"]):
+            m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
+            ptx = m.ptx.decode()
+            r = m.resources[next(iter(m.resources))]
+            assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
+            counts[v.name] = (ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                              len(re.findall(r"\bmul(?:\.rn)?\.f32\b", ptx)), len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
+                              ptx.count("262128"), ptx.count("wgmma.mma_async"))
+        (st0, mul0, fma0, mask0, mma0), (st1, mul1, fma1, mask1, mma1) = counts[name], counts[name + "_lean"]
+        assert st0 == 0 and st1 > 0, counts
+        assert mul1 <= mul0 - 64 and fma1 >= fma0 + 64, counts   # 32 per tile in each consumer warpgroup
+        assert mask0 > 0 and mask1 == 0 and mma0 == mma1, counts  # descriptors: no masked address field

@@ -680,7 +680,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
         publish_max(sM, sSc0, r_lo, r_hi, t, mn_lo, mn_hi, a0_lo, a0_hi);
         float sum_lo, sum_hi;
-        exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
+        exp_rows(s, sc, mn_lo, mn_hi, sum_lo, sum_hi);
         l_lo = l_lo * a0_lo + sum_lo;
         l_hi = l_hi * a0_hi + sum_hi;
         u32 pa[16];
@@ -762,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
         named_bar_arrive(BAR_SCALE1, 256);
         float sum_lo, sum_hi;
-        exp_rows(s, mn_lo, mn_hi, sum_lo, sum_hi);
+        exp_rows(s, sc, mn_lo, mn_hi, sum_lo, sum_hi);
         l_lo = l_lo * f_lo + sum_lo;
         l_hi = l_hi * f_hi + sum_hi;
         u32 pa[16];
