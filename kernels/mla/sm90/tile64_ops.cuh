@@ -35,15 +35,13 @@ GQADRV_DEVICE void release(u32 bar, int lane) {
 }
 
 #if MLA_LEAN
-// The 128B-swizzle descriptor of the shared-memory matrix at byte `off` past `base` (LBO / SBO in
-// bytes): base is 16-byte aligned and every address of the CTA's shared window lies below 2^18, so
-// the address field is base / 16 + off / 16: one 32-bit add to a loop-invariant value per descriptor,
-// the upper word a constant (the default builds compute the masked field of each block's address and
-// add the k-step in 64 bits).
+// wgmma_desc_sw128(base + off, lbo, sbo) for a 16-byte aligned base whose shared window lies below
+// 2^18 (every CTA's does): the address field is then base / 16 + off / 16 without masking, so each
+// descriptor is one 32-bit add to a loop-invariant value and the upper word a constant (the default
+// builds mask every block's address and add the k-step in 64 bits).
 GQADRV_DEVICE u64 desc_at(u32 base, u32 off, u32 lbo, u32 sbo) {
-  const u32 lo = (base >> 4) + (off >> 4) + (((lbo >> 4) & 0x3FFFu) << 16);
-  const u32 hi = ((sbo >> 4) & 0x3FFFu) | (1u << 30);
-  return ((u64)hi << 32) | lo;
+  const u64 fixed = wgmma_desc_sw128(0, lbo, sbo);  // LBO, SBO, swizzle: a constant
+  return (fixed & ~0xFFFFFFFFull) | (u32)((u32)fixed + (base >> 4) + (off >> 4));
 }
 
 GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool first) {
@@ -140,6 +138,9 @@ GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int
 // s <- 2^(s - m) in place (MLA_LEAN: 2^(s sc - m), one FFMA); returns this thread's partial
 // row sums.
 GQADRV_DEVICE void exp_rows(float (&s)[32], float sc, float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
+#if !MLA_LEAN
+  (void)sc;  // the default build's logits were scaled by scale_mask_max
+#endif
   sum_lo = 0.f;
   sum_hi = 0.f;
 #pragma unroll
@@ -150,7 +151,6 @@ GQADRV_DEVICE void exp_rows(float (&s)[32], float sc, float m_lo, float m_hi, fl
       s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sc, -m_lo));
       s[4 * j + 2 + e] = fast_exp2(fmaf(s[4 * j + 2 + e], sc, -m_hi));
 #else
-      (void)sc;
       s[4 * j + e] = fast_exp2(s[4 * j + e] - m_lo);
       s[4 * j + 2 + e] = fast_exp2(s[4 * j + 2 + e] - m_hi);
 #endif
