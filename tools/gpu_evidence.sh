@@ -25,9 +25,7 @@
 # mla_varlen (the MLA rows of unequal lengths with both peers; run fmla first for FlashMLA);
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
 # schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, the balanced default, against _nopl2); mla_trace
-# (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_lean (the seesaw's
-# MLA_LEAN experiment builds: their GPU test, memcheck / racecheck, and the h_q 64 / 128 rows
-# against the default builds in one run); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
+# (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
 # Default: the GQA steps.
 set -u
@@ -99,20 +97,6 @@ for step in $STEPS; do
              --mla-also narrow16_bal_nopl2 narrow16_bal_cut32 narrow16_bal_cut32_nopl2 --mla-rows 128,1,16,4096 \
              128,1,16,32768 128,1,16,8192,spread 128,1,16,4096,skew 128,1,16,8192,varlen \
              --json "$OUT/mla_pl2_16.json" > "$OUT/mla_pl2_16.txt" 2>&1 ;;
-  mla_lean) # <seesaw variant>_lean (MLA_LEAN: the scale folded into the exponential's FFMA, P by
-            # stmatrix, constant-offset wgmma descriptors; kernel_spec.lean_experiments) against the oracle
-            # and the default builds, the sanitizers on seesaw_bal_lean, then the compute-heavy rows with both builds in one run
-            python3 -m pytest -q -s -m gpu --timeout=900 -p no:cacheprovider -rf tests/mla/test_mla_experiments_gpu.py \
-              -k lean > "$OUT/mla_lean_tests.txt" 2>&1
-            for t in memcheck racecheck; do
-              GQADRV_MLA_EXPERIMENTS=1 compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
-                python3 tools/sanitize_routes.py --mla-only --backend seesaw_bal_lean > "$OUT/mla_lean_$t.log" 2>&1
-              echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/mla_lean_$t.log"
-            done > "$OUT/mla_lean_sanitize.txt" 2>&1
-            GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla --no-peers --rounds 3 --reps 10 \
-              --mla-also seesaw_bal_lean seesaw_tma_lean --mla-rows 128,1,128,4096 128,1,128,8192 128,1,128,16384 \
-              128,1,64,4096 128,1,64,8192 128,2,64,8192 128,2,128,8192 128,1,128,8192,varlen \
-              --json "$OUT/mla_lean.json" > "$OUT/mla_lean.txt" 2>&1 ;;
   mla_trace) # per-CTA timelines of the balanced MLA kernels (tools/mla_trace.py, MLA_TRACE builds): whether the
              # same SMs stream slowest in every launch, the cut mode's epilogues and merges; raw stamps kept
              GQADRV_MLA_EXPERIMENTS=1 python3 tools/mla_trace.py 128,1,16,4096 128,1,64,4096 128,1,64,8192,spread \

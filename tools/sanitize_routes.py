@@ -34,7 +34,7 @@ def _only_backend() -> str | None:
 def _run_as(backend: str) -> str | None:
     """The backend a case written for ``backend`` runs on, or None (skipped): every case without
     --backend; with --backend NAME the cases of NAME, or of its base when NAME is an experiment build
-    of a default variant (GQADRV_MLA_EXPERIMENTS=1: ``<base>_<suffix>``, e.g. seesaw_bal_lean runs the
+    of a default variant (GQADRV_MLA_EXPERIMENTS=1: ``<base>_<suffix>``, e.g. seesaw_bal_nopl2 runs the
     seesaw_bal cases; the longest default name that NAME extends is its base)."""
     only = _only_backend()
     if only is None or only == backend:

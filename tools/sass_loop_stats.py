@@ -7,11 +7,11 @@ loops that contain another main loop are dropped. For each: its address range, t
 instructions and the count per opcode (the first word of the instruction, predicates and modifiers
 stripped), the classes that differ between the seesaw builds and FlashMLA first.
 
-    python tools/sass_loop_stats.py seesaw_bal seesaw_bal_lean       # MLA variants, compiled by NVRTC
+    python tools/sass_loop_stats.py seesaw_bal seesaw_tma             # MLA variants, compiled by NVRTC
     python tools/sass_loop_stats.py --dtype float16 seesaw_tma
     python tools/sass_loop_stats.py path/to/kernel.cubin              # any cubin, e.g. FlashMLA's
 
-MLA experiment variants (``<variant>_lean`` & co.) need GQADRV_MLA_EXPERIMENTS=1, which this tool sets.
+MLA experiment variants (``<variant>_nopl2`` & co.) need GQADRV_MLA_EXPERIMENTS=1, which this tool sets.
 cuobjdump: $CUOBJDUMP, PATH, or the nvidia-cuda-cuobjdump wheel (site-packages/nvidia/cu13/bin).
 Counts are static: a branch that is rarely taken (e.g. the masking of a request's last tile) counts
 as much as the path every tile takes.

@@ -330,23 +330,11 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
-def lean_experiments() -> dict:
-    """``<variant>_lean`` for every seesaw build (dense_decode_seesaw.cu: cp.async, TMA, balanced, FP8,
-    d_qk 512): the same build with MLA_LEAN=1 (tile64_ops.cuh: the softmax scale folded into one FFMA per
-    logit at the exponential, P stored by stmatrix, wgmma descriptors as a loop-invariant base plus a
-    constant; about 20 % fewer instructions in the consumers' loop, as FlashMLA's; out / lse equal the
-    default build's within the rounding of s sc - m; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    return dict(_derived(base, "lean", "the lean consumer loop (MLA_LEAN: scale in the exponential's FFMA, P by "
-                         "stmatrix, constant-offset descriptors)", (("MLA_LEAN", 1),))
-                for base in DEFAULT_VARIANTS if base.source == "mla/sm90/dense_decode_seesaw.cu")
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
-    KERNELS.update(lean_experiments())
 
 
 def kernel(variant: str) -> KernelVariant:

@@ -674,7 +674,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const u32 ph = (u32)((gp + it) & 1);
         // softmax of S0 against the shared running max
         float mx_lo, mx_hi;
-        scale_mask_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        mask_row_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
         const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
@@ -705,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           reg_fence_u(pa);
           pack_pa(pa, s, a1_lo, a1_hi);
         }
-        store_pa(sb + OFF_P0, pa, r_lo, r_hi, t);
+        store_pa(sb + OFF_P0, pa, r_lo);
         fence_proxy_async_smem();
         named_bar_arrive(BAR_P0, 256);
         wgmma_wait<0>();
@@ -753,7 +753,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const bool nxt = it + 1 < npairs;
         const u32 ph = (u32)((gp + it) & 1);
         float mx_lo, mx_hi;
-        scale_mask_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        mask_row_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
         const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
@@ -767,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         l_hi = l_hi * f_hi + sum_hi;
         u32 pa[16];
         pack_pa(pa, s, 1.f, 1.f);
-        store_pa(sb + OFF_P1, pa, r_lo, r_hi, t);
+        store_pa(sb + OFF_P1, pa, r_lo);
         fence_proxy_async_smem();
         if (warp_rescales(f_lo, f_hi)) scale_o(o, f_lo, f_hi);
 #if MLA_TMA_K

@@ -5,23 +5,17 @@
 // shared-memory block, and O rescaling. Layouts: Q / K tiles are 9 channel blocks (cb) of 64 rows x
 // 128 B with the 128B swizzle (swz), CB = 8 KB apart; the thread's rows are r_lo = 16 wi + g and
 // r_hi = r_lo + 8 of the wgmma C layout (lane 4g + t).
-// MLA_LEAN=1 (experiment builds `<seesaw variant>_lean`): fewer consumer instructions per tile, as
-// FlashMLA's consumers run them (docs/MLA.md "Lean consumer loop"): (1) the logits stay unscaled until
-// the exponential, which folds the scale into one FFMA per logit (2^(s sc - m) instead of s *= sc, then
-// 2^(s - m)); masked logits become -inf (never NaN: the running max starts finite, M_INIT, and sc > 0),
-// and the row maxima are scaled after the reduction (max(s) sc == max(s sc) for sc > 0: the same
-// running max bit for bit); (2) P goes to its shared-memory block by stmatrix (4 per thread and tile
-// instead of 16 32-bit stores); (3) wgmma descriptors are a loop-invariant base plus a constant
-// (desc_at). Out / lse differ from the default build by the rounding of s sc - m.
+// The consumer loop is kept short, as FlashMLA's consumers run it (docs/MLA.md "Lean consumer loop"):
+// (1) the logits stay unscaled until the exponential, which folds the scale into one FFMA per logit
+// (2^(s sc - m)); masked logits become -inf (never NaN: the running max starts finite, M_INIT, and
+// sc > 0), and the row maxima are scaled after the reduction (max(s) sc == max(s sc) for sc > 0);
+// (2) P goes to its shared-memory block by stmatrix (4 per thread and tile instead of 16 32-bit
+// stores); (3) wgmma descriptors are a loop-invariant base plus a constant (desc_at).
 #pragma once
 #include "../../common/ptx.cuh"
 #include "../common/decode_util.cuh"
 #include "../common/sync.cuh"
 #include "../common/wgmma_ops.cuh"
-
-#ifndef MLA_LEAN
-#define MLA_LEAN 0  // (1) - (3) above
-#endif
 
 namespace mla {
 namespace seesaw {
@@ -34,7 +28,6 @@ GQADRV_DEVICE void release(u32 bar, int lane) {
   if (lane == 0) mbar_arrive(bar);
 }
 
-#if MLA_LEAN
 // wgmma_desc_sw128(base + off, lbo, sbo) for a 16-byte aligned base whose shared window lies below
 // 2^18 (every CTA's does): the address field is then base / 16 + off / 16 without masking, so each
 // descriptor is one 32-bit add to a loop-invariant value and the upper word a constant (the default
@@ -61,50 +54,15 @@ GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
   for (int kk = 0; kk < 4; ++kk)
     wgmma_m64n256k16_ss<DT, 0, 1>(o, desc_at(p_base, 32u * kk, 16, 1024), desc_at(v_base, 2048u * kk, CB, 1024), 1);
 }
-#else
-// S (+)= Q[:, cb C] K[:, cb C]^T over the 4 k16 steps of one channel block (issue only).
-GQADRV_DEVICE void qk_block(float (&s)[32], u32 q_base, u32 k_slot, int c, bool first) {
-  const u64 dq = wgmma_desc_sw128(q_base + (u32)c * CB, 16, 1024);
-  const u64 dk = wgmma_desc_sw128(k_slot + (u32)c * CB, 16, 1024);
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    wgmma_m64n64k16_ss<DT, 0, 0>(s, dq + (u64)(k * 2), dk + (u64)(k * 2), (first && k == 0) ? 0 : 1);
-}
 
-// O[64 x 256] += P V[tokens][cb0*64 .. cb0*64 + 255]: V read MN-major from the K slot (atoms of 8
-// tokens x 64 channels; LBO = 8 KB between channel blocks, SBO = 1 KB between 8-token groups; k-step
-// kk starts 16 tokens = 2 KB further). RS: P from registers (pa[4 kk .. 4 kk + 3]).
-GQADRV_DEVICE void pv_rs(float (&o)[128], const u32 (&pa)[16], u32 v_base) {
-  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_rs<DT, 1>(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv + (u64)(kk * 128), 1);
-}
-// SS: P from shared memory (K-major, one swizzled 64 x 64 block; k-step kk = +32 B).
-GQADRV_DEVICE void pv_ss(float (&o)[128], u32 p_base, u32 v_base) {
-  const u64 dp = wgmma_desc_sw128(p_base, 16, 1024);
-  const u64 dv = wgmma_desc_sw128(v_base, CB, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<DT, 0, 1>(o, dp + (u64)(kk * 2), dv + (u64)(kk * 128), 1);
-}
-#endif
-
-// Scale the logits of one tile (and mask keys >= the row limits when the tile reaches past lim_min),
-// return the two row maxima (quad-reduced, scaled) of this thread's rows. MLA_LEAN: only the
-// masking and the maxima; the logits stay unscaled (exp_rows applies sc).
-GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int lim_lo, int lim_hi, int lim_min,
+// Mask the logits of one tile at keys >= the row limits (-inf; only when the tile reaches past
+// lim_min) and return the two row maxima of this thread's rows, quad-reduced and scaled by sc. The
+// logits themselves stay unscaled: exp_rows applies sc.
+GQADRV_DEVICE void mask_row_max(float (&s)[32], float sc, int tile, int t, int lim_lo, int lim_hi, int lim_min,
                                   float& mx_lo, float& mx_hi) {
-#if MLA_LEAN
-  constexpr bool kScale = false;
   const float masked = neg_inf();
   mx_lo = masked;
   mx_hi = masked;
-#else
-  constexpr bool kScale = true;
-  const float masked = MASKED;
-  mx_lo = MASKED;
-  mx_hi = MASKED;
-#endif
   if ((tile + 1) * 64 > lim_min) {
     const int c0 = tile * 64 + 2 * t;
 #pragma unroll
@@ -112,13 +70,10 @@ GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = c0 + 8 * j + e;
-        s[4 * j + e] = col < lim_lo ? (kScale ? s[4 * j + e] * sc : s[4 * j + e]) : masked;
-        s[4 * j + 2 + e] = col < lim_hi ? (kScale ? s[4 * j + 2 + e] * sc : s[4 * j + 2 + e]) : masked;
+        s[4 * j + e] = col < lim_lo ? s[4 * j + e] : masked;
+        s[4 * j + 2 + e] = col < lim_hi ? s[4 * j + 2 + e] : masked;
       }
     }
-  } else if (kScale) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] *= sc;
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -129,31 +84,20 @@ GQADRV_DEVICE void scale_mask_max(float (&s)[32], float sc, int tile, int t, int
   mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  if (!kScale) {
-    mx_lo *= sc;
-    mx_hi *= sc;
-  }
+  mx_lo *= sc;
+  mx_hi *= sc;
 }
 
-// s <- 2^(s - m) in place (MLA_LEAN: 2^(s sc - m), one FFMA); returns this thread's partial
-// row sums.
+// s <- 2^(s sc - m) in place (one FFMA per logit); returns this thread's partial row sums.
 GQADRV_DEVICE void exp_rows(float (&s)[32], float sc, float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
-#if !MLA_LEAN
-  (void)sc;  // the default build's logits were scaled by scale_mask_max
-#endif
   sum_lo = 0.f;
   sum_hi = 0.f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-#if MLA_LEAN
       s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sc, -m_lo));
       s[4 * j + 2 + e] = fast_exp2(fmaf(s[4 * j + 2 + e], sc, -m_hi));
-#else
-      s[4 * j + e] = fast_exp2(s[4 * j + e] - m_lo);
-      s[4 * j + 2 + e] = fast_exp2(s[4 * j + 2 + e] - m_hi);
-#endif
       sum_lo += s[4 * j + e];
       sum_hi += s[4 * j + 2 + e];
     }
@@ -171,14 +115,11 @@ GQADRV_DEVICE void pack_pa(u32 (&pa)[16], const float (&s)[32], float f_lo, floa
     pa[4 * kk + 3] = pack2<DT>(s[8 * kk + 6] * f_hi, s[8 * kk + 7] * f_hi);
   }
 }
-// Store the packed P (same registers as pack_pa) to a swizzled 64 x 64 K-major block: row r, tokens
-// 16 kk + 2t (+1) = unit 2 kk, bytes 4t; tokens 16 kk + 8 + 2t = unit 2 kk + 1. MLA_LEAN: one
+// Store the packed P (same registers as pack_pa) to a swizzled 64 x 64 K-major block, one
 // stmatrix.x4 per k16 step: the four registers of step kk are its four 8 x 8 matrices (rows r_lo / r_hi
-// x units 2 kk / 2 kk + 1), lane l giving row 16 wi + l % 8 (+ 8 for matrices 1, 3) of matrix l / 8.
-GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo, int r_hi, int t) {
-#if MLA_LEAN
-  (void)r_hi;
-  (void)t;
+// x 16-byte units 2 kk / 2 kk + 1), lane l giving the address of row 16 wi + l % 8 (+ 8 for matrices 1, 3)
+// of matrix l / 8.
+GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo) {
   const int lane = threadIdx.x & 31, mi = lane >> 3, j = lane & 7;
   const int row = (r_lo & ~15) + j + 8 * (mi & 1);   // r_lo & ~15 = 16 wi
   const u32 rbase = p_base + (u32)row * 128u;
@@ -186,15 +127,6 @@ GQADRV_DEVICE void store_pa(u32 p_base, const u32 (&pa)[16], int r_lo, int r_hi,
   for (int kk = 0; kk < 4; ++kk)
     stsm_x4(rbase + ((u32)((2 * kk + (mi >> 1)) ^ j) << 4), pa[4 * kk + 0], pa[4 * kk + 1], pa[4 * kk + 2],
             pa[4 * kk + 3]);
-#else
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    sts_u32(p_base + swz(r_lo, 2 * kk) + 4u * t, pa[4 * kk + 0]);
-    sts_u32(p_base + swz(r_hi, 2 * kk) + 4u * t, pa[4 * kk + 1]);
-    sts_u32(p_base + swz(r_lo, 2 * kk + 1) + 4u * t, pa[4 * kk + 2]);
-    sts_u32(p_base + swz(r_hi, 2 * kk + 1) + 4u * t, pa[4 * kk + 3]);
-  }
-#endif
 }
 GQADRV_DEVICE void scale_o(float (&o)[128], float f_lo, float f_hi) {
 #pragma unroll
