@@ -110,9 +110,9 @@
 //           5 EPI     epilogue (all 256 consumer threads; the producer warpgroup has exited)
 //           A release (empty barrier) is issued only when the next pair exists, so the k-th fill of a
 //           block waits for exactly k completions (parity (k & 1) ^ 1).
-// Masking   logits of keys >= the row's limit are set to -1e33 after scaling (log2 domain); the
-//           running max starts at -1e30, so no inf/NaN arithmetic; only tiles that reach past the
-//           CTA's smallest limit are masked.
+// Masking   logits of keys >= the row's limit are set to -inf (unscaled; tile64_ops.cuh mask_row_max);
+//           the running max starts at M_INIT = -1e30 and only ever grows, so it stays finite and
+//           2^(-inf sc - m) = 0 (no NaN); only tiles that reach past the CTA's smallest limit are masked.
 // Split     as dense_decode.cu: S == 1 writes out / lse; S > 1 writes the fp32 partial and {m, l},
 //           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0). Balanced
 //           builds (MLA_PARTIAL_L2=1): partial stores with an L2 evict_last policy, the merged partials'
