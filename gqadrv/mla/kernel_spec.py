@@ -330,11 +330,24 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
+def half_partial_experiments(schedule: dict) -> dict:
+    """``<variant>_ph`` for the balanced seesaw and its ``_cut32`` schedule experiment: split partials stored
+    as O / L in the q dtype (half the bytes of the fp32 partials, as FlashInfer's MLA stores them) and
+    merged with the weights 2^(m - max) L / sum (MLA_PARTIAL_HALF=1, kernels/mla/common/decode_util.cuh;
+    a merged row carries the partials' rounding besides the output's). Only the seesaw family: the narrow
+    and FP8 kernels write their own fp32 partials (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    bases = [k for k in DEFAULT_VARIANTS if k.balanced and k.source == KERNELS["seesaw_bal"].source and not k.fp8]
+    bases += [schedule[f"{k.name}_cut32"] for k in bases]
+    return dict(_derived(base, "ph", "MLA_PARTIAL_HALF=1 (normalised partials in the q dtype)", (("MLA_PARTIAL_HALF", 1),))
+                for base in bases)
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
+    KERNELS.update(half_partial_experiments(_schedule))
 
 
 def kernel(variant: str) -> KernelVariant:

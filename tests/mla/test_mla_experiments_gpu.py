@@ -2,8 +2,10 @@
 partials in L2 (stored evict_last, discarded from L2 once merged: MLA_PARTIAL_L2=1); the experiment
 ``<variant>_nopl2`` builds them without those cache policies. Both must give bit-identical outputs
 on every launch of a prepared object (a discarded line must never be read again by a later launch).
-It runs in a subprocess, since the experiment variants are registered when gqadrv.mla.kernel_spec is
-imported."""
+``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` store the split partials as O / L in the q dtype
+(MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
+bases within the dtype's tolerance. The scripts run in a subprocess, since the experiment variants are
+registered when gqadrv.mla.kernel_spec is imported."""
 
 from __future__ import annotations
 
@@ -59,4 +61,70 @@ SCRIPT = textwrap.dedent("""
 def test_partial_l2_cache_policies_leave_outputs_bit_identical_on_every_launch():
     env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+HALF_SCRIPT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    from gqadrv.mla.reference import mla_decode_reference
+    from gqadrv.mla.selftest import make_case
+    from tests.helpers import MAX_ERRORS
+    from tests.mla.cases import TOL
+    from tests.mla.test_mla_gpu import check
+    failures = []
+    rs = np.random.default_rng(11)
+    # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform (whole requests in the two-mode build,
+    # every request cut in cut32), a spread and a skewed batch, empty and over-capacity lengths, causal s_q 2,
+    # a forced split count, both dtypes; NaN in every unused page row (make_case)
+    cases = [
+        (64, 128, 1, 64, [2048] * 128, None, False, "bfloat16"),
+        (64, 128, 1, 64, [512 + 3 * 1024 * i // 127 for i in range(128)], None, False, "float16"),
+        (128, 37, 1, 128, [int(x) for x in rs.integers(0, 5000, 37)], None, False, "bfloat16"),
+        (64, 20, 1, 16, [16 * 1024] + [700] * 19, None, False, "bfloat16"),
+        (256, 5, 2, 128, [127, 4096 + 17, 0, 1, 2000], 7, True, "float16"),
+        (64, 3, 1, 64, [65, 0, 10**6], None, False, "bfloat16"),
+    ]
+    for i, (page, b, s_q, h_q, lens, splits, causal, dtype) in enumerate(cases):
+        rng = np.random.default_rng(200 + i)
+        cap = max(min(max(lens), 20000), 1)
+        q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
+        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
+        for base in ("seesaw_bal", "seesaw_bal_cut32"):
+            res = {}
+            for v in (base, base + "_ph"):
+                p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                              causal=causal, num_splits=splits, backend=v)
+                o, l = gqadrv.launch_prepared(p)
+                o1, l1 = cp.asnumpy(o).astype(np.float64), cp.asnumpy(l).astype(np.float64)
+                o, l = gqadrv.launch_prepared(p)
+                if not (np.array_equal(cp.asnumpy(o).astype(np.float64), o1, equal_nan=True)
+                        and np.array_equal(cp.asnumpy(l).astype(np.float64), l1, equal_nan=True)):
+                    failures.append(f"case {i} {v}: second launch differs")
+                res[v] = (o1, l1)
+                try:   # the MLA oracle grid's check (tests/mla/test_mla_gpu.py): same bounds
+                    check(o1, l1, ro, rl, dtype, v)
+                except AssertionError as e:
+                    failures.append(f"case {i}: {e}")
+            (ob, lb), (oh, lh) = res[base], res[base + "_ph"]
+            fin = np.isfinite(lb)
+            d_out = float(np.abs(oh - ob).max())
+            d_lse = float(np.abs(lh[fin] - lb[fin]).max()) if fin.any() else 0.0
+            if d_out > TOL[dtype] or d_lse > 1e-4 or not np.array_equal(fin, np.isfinite(lh)):
+                failures.append(f"case {i} {base}_ph against {base}: out {d_out:.3e}, lse {d_lse:.3e}")
+            print(f"case {i} {base}: ph - base max |out| {d_out:.3e}, |lse| {d_lse:.3e}")
+    for key, e in sorted(MAX_ERRORS.items()):
+        print(f"max err against the oracle, {key}: {e:.3e}")
+    print("FAILURES:", failures)
+    raise SystemExit(1 if failures else 0)
+""")
+
+
+def test_half_partial_builds_match_the_oracle_and_their_bases():
+    """``seesaw_bal_ph`` and ``seesaw_bal_cut32_ph`` (split partials as O / L in the q dtype) against the
+    float64 oracle (the oracle grid's check) and against their fp32-partial builds (out within the
+    dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
+    lengths, NaN in unused rows, causal s_q 2, a forced split count; a second launch equal to the first."""
+    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", HALF_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
