@@ -2,7 +2,7 @@
 partials in L2 (stored evict_last, discarded from L2 once merged: MLA_PARTIAL_L2=1); the experiment
 ``<variant>_nopl2`` builds them without those cache policies. Both must give bit-identical outputs
 on every launch of a prepared object (a discarded line must never be read again by a later launch).
-``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` store the split partials as O / L in the q dtype
+``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` / ``narrow16_bal_ph`` store the split partials as O / L in the q dtype
 (MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
 bases within the dtype's tolerance. The scripts run in a subprocess, since the experiment variants are
 registered when gqadrv.mla.kernel_spec is imported."""
@@ -83,13 +83,14 @@ HALF_SCRIPT = textwrap.dedent("""
         (64, 20, 1, 16, [16 * 1024] + [700] * 19, None, False, "bfloat16"),
         (256, 5, 2, 128, [127, 4096 + 17, 0, 1, 2000], 7, True, "float16"),
         (64, 3, 1, 64, [65, 0, 10**6], None, False, "bfloat16"),
+        (64, 128, 1, 16, [3000] * 128, None, False, "float16"),
     ]
     for i, (page, b, s_q, h_q, lens, splits, causal, dtype) in enumerate(cases):
         rng = np.random.default_rng(200 + i)
         cap = max(min(max(lens), 20000), 1)
         q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
         ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
-        for base in ("seesaw_bal", "seesaw_bal_cut32"):
+        for base in ("seesaw_bal", "seesaw_bal_cut32") + (("narrow16_bal",) if s_q * h_q <= 16 else ()):
             res = {}
             for v in (base, base + "_ph"):
                 p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
@@ -120,8 +121,8 @@ HALF_SCRIPT = textwrap.dedent("""
 
 
 def test_half_partial_builds_match_the_oracle_and_their_bases():
-    """``seesaw_bal_ph`` and ``seesaw_bal_cut32_ph`` (split partials as O / L in the q dtype) against the
-    float64 oracle (the oracle grid's check) and against their fp32-partial builds (out within the
+    """``seesaw_bal_ph``, ``seesaw_bal_cut32_ph`` and ``narrow16_bal_ph`` (split partials as O / L in the q
+    dtype) against the float64 oracle (the oracle grid's check) and against their fp32-partial builds (out within the
     dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
     lengths, NaN in unused rows, causal s_q 2, a forced split count; a second launch equal to the first."""
     env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -225,11 +225,24 @@ GQADRV_DEVICE void store_partial1(float* p, float x) {
 // MLA_PARTIAL_HALF=1 (an experiment of the balanced seesaw only, kernel_spec.half_partial_experiments): the
 // partial rows hold O / L in the q dtype in the first half of each 2 KB slot row (1 KB: half the bytes
 // stored and merged, as FlashInfer's MLA partials), {m, L} unchanged; the merge weighs them by
-// 2^(m - max) L / sum. Only the seesaw / dense_decode.cu partial writer (below) and merge_partials_from
-// honour it: builds whose kernels write their own partials (narrow, FP8) must keep it 0.
+// 2^(m - max) L / sum. The partial writers of the seesaw / dense_decode.cu (below) and of the narrow2 kernel
+// and merge_partials_from honour it: builds of kernels that write their own fp32 partials (dense_decode_narrow,
+// the FP8 kernels) must keep it 0.
 #ifndef MLA_PARTIAL_HALF
 #define MLA_PARTIAL_HALF 0
 #endif
+// One channel of a half partial row (MLA_PARTIAL_HALF): x (already O / L) in the q dtype at channel ch of the
+// partial row that starts at row (fp32 units: the slot layout of the fp32 partials; the row's first 1 KB).
+template <int DT>
+GQADRV_DEVICE void store_partial_half1(float* row, int ch, float x) {
+  u16* p = reinterpret_cast<u16*>(row) + ch;
+  const u16 v = (u16)(pack2<DT>(x, 0.f) & 0xffffu);
+#if MLA_PARTIAL_L2
+  st_b16_l2hint(p, v, l2_policy_evict_last());
+#else
+  *p = v;
+#endif
+}
 template <int DT>
 GQADRV_DEVICE void store_partial_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, long long slot0,
                                       int wg, int t) {
