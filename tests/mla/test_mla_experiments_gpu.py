@@ -73,9 +73,10 @@ HALF_SCRIPT = textwrap.dedent("""
     from tests.mla.test_mla_gpu import check
     failures = []
     rs = np.random.default_rng(11)
-    # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform (whole requests in the two-mode build,
-    # every request cut in cut32), a spread and a skewed batch, empty and over-capacity lengths, causal s_q 2,
-    # a forced split count, both dtypes; NaN in every unused page row (make_case)
+    # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform batches (whole requests in every build: at
+    # b 128 on 132 CTAs the even share equals one request's cost, so even cut32 cuts none), a spread and a
+    # skewed batch (cut), empty and over-capacity lengths, causal s_q 2, a forced split count, both dtypes;
+    # NaN in every unused page row (make_case)
     cases = [
         (64, 128, 1, 64, [2048] * 128, None, False, "bfloat16"),
         (64, 128, 1, 64, [512 + 3 * 1024 * i // 127 for i in range(128)], None, False, "float16"),
