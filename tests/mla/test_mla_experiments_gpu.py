@@ -2,8 +2,8 @@
 partials in L2 (stored evict_last, discarded from L2 once merged: MLA_PARTIAL_L2=1); the experiment
 ``<variant>_nopl2`` builds them without those cache policies. Both must give bit-identical outputs
 on every launch of a prepared object (a discarded line must never be read again by a later launch).
-``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` / ``narrow16_bal_ph`` store the split partials as O / L in the q dtype
-(MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
+``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` / ``narrow16_bal_ph`` store the split partials as O / L in the
+q dtype (MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
 bases within the dtype's tolerance. The scripts run in a subprocess, since the experiment variants are
 registered when gqadrv.mla.kernel_spec is imported."""
 
@@ -20,6 +20,14 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_experiment_script(script: str, timeout: int) -> subprocess.CompletedProcess:
+    """Runs a test script in a subprocess with GQADRV_MLA_EXPERIMENTS=1 (the experiment variants are
+    registered when gqadrv.mla.kernel_spec is imported) and the repository on PYTHONPATH."""
+    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 SCRIPT = textwrap.dedent("""
     import cupy as cp, numpy as np, gqadrv
@@ -59,8 +67,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_partial_l2_cache_policies_leave_outputs_bit_identical_on_every_launch():
-    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = _run_experiment_script(SCRIPT, 600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
 
 
@@ -123,10 +130,9 @@ HALF_SCRIPT = textwrap.dedent("""
 
 def test_half_partial_builds_match_the_oracle_and_their_bases():
     """``seesaw_bal_ph``, ``seesaw_bal_cut32_ph`` and ``narrow16_bal_ph`` (split partials as O / L in the q
-    dtype) against the float64 oracle (the oracle grid's check) and against their fp32-partial builds (out within the
-    dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
+    dtype) against the float64 oracle (the oracle grid's check) and against their fp32-partial builds (out
+    within the dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
     lengths, NaN in unused rows, causal s_q 2, a forced split count; a second launch equal to the first."""
-    env = dict(os.environ, GQADRV_MLA_EXPERIMENTS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", HALF_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = _run_experiment_script(HALF_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

@@ -222,7 +222,7 @@ GQADRV_DEVICE void store_partial1(float* p, float x) {
   *p = x;
 #endif
 }
-// MLA_PARTIAL_HALF=1 (an experiment of the balanced seesaw only, kernel_spec.half_partial_experiments): the
+// MLA_PARTIAL_HALF=1 (an experiment of seesaw_bal and narrow16_bal, kernel_spec.half_partial_experiments): the
 // partial rows hold O / L in the q dtype in the first half of each 2 KB slot row (1 KB: half the bytes
 // stored and merged, as FlashInfer's MLA partials), {m, L} unchanged; the merge weighs them by
 // 2^(m - max) L / sum. The partial writers of the seesaw / dense_decode.cu (below) and of the narrow2 kernel
