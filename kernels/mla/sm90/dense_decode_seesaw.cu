@@ -131,6 +131,10 @@
 #include "../common/fp8_rows.cuh"
 #endif
 
+#if MLA_DYN_TAIL
+#error "the dynamic tail (MLA_DYN_TAIL) is built for the narrow2 kernel only"
+#endif
+
 namespace mla {
 namespace seesaw {
 constexpr u32 TILE = NCB * CB;            // 73728
