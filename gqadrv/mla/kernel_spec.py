@@ -137,11 +137,6 @@ def _narrow2_used(nslot: int) -> int:
     return 9 * 16 * 128 + 2 * 16 * 128 + nslot * 8192 + 2 * 2 * 4 * 16 * 4 + 2 * 2 * 16 * 4 + 80 + 32 + 8 * (2 * nslot + 2) + 16
 
 
-# The dynamic tail's extra shared memory in narrow2 (MLA_DYN_TAIL=1): schedule scratch 80 -> 96 B, merges-won
-# list 32 -> 192 B, 8 queue mbarriers, the 64-byte queue and 448 request cost starts (DYN_MAX_B).
-_DYN_TAIL_EXTRA = 16 + 160 + 8 * 8 + 64 + 4 * 448
-
-
 def _ring_slots(used) -> int:
     """The most 8 KB ring slots n with used(n) + 1 KB alignment slack within the opt-in limit."""
     n = 0
@@ -348,26 +343,8 @@ def half_partial_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
-def dyn_tail_experiments() -> dict:
-    """``narrow16_bal_dyn``: narrow16_bal with the dynamic tail (MLA_DYN_TAIL=1, kernels/mla/common/work_items.cuh):
-    static chunks of 7/8 of the even share, the rest in 2 P chunks claimed at run time by the CTAs that finish first
-    (b <= 448; larger batches keep the static even shares). 3 P + b partial slots per group and two more counters
-    per group (workspace_sizes); experiment, GQADRV_MLA_EXPERIMENTS=1."""
-    base = KERNELS["narrow16_bal"]
-    name, v = _derived(base, "dyn", "the dynamic tail (chunks claimed at run time)", (("MLA_DYN_TAIL", 1),))
-    v = dataclasses.replace(v, smem_bytes=base.smem_bytes + _DYN_TAIL_EXTRA)
-    assert v.smem_bytes <= SMEM_LIMIT, v.smem_bytes
-    return {name: v}
-
-
-def dyn_tail(variant: str) -> bool:
-    """Whether the variant is built with the dynamic tail (its workspace layout differs)."""
-    return bool(dict(kernel(variant).fixed_defines).get("MLA_DYN_TAIL", 0))
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     _schedule = schedule_experiments()
-    KERNELS.update(dyn_tail_experiments())
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
@@ -438,11 +415,7 @@ def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
     units = b * h_kv * nmb
     if num_splits == 1:
         return {"ws_o": 0, "ws_ml": 0, "counters": 4 * units}
-    # balanced grid: num_splits + b partial slots per (KV head, row block) group (work_items.cuh); the dynamic
-    # tail: 3 num_splits + b, and two tail counters per group after the tickets
-    if dyn_tail(variant):
-        rows = h_kv * nmb * (3 * num_splits + b) * bm
-        return {"ws_o": 4 * rows * D_V, "ws_ml": 8 * rows, "counters": 4 * (units + 2 * h_kv * nmb)}
+    # balanced grid: num_splits + b partial slots per (KV head, row block) group (work_items.cuh)
     rows = (h_kv * nmb * (num_splits + b) if kv.balanced else units * num_splits) * bm
     return {"ws_o": 4 * rows * D_V, "ws_ml": 8 * rows, "counters": 4 * units}
 

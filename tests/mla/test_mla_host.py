@@ -435,51 +435,6 @@ def test_half_partial_experiment_variants(isolated_cache):
     assert (v2_b, v2_h, s_b - s_h, h_h - h_b) == (v2_h, v2_b, 32, 32) and ld_h * 2 == ld_b, counts
 
 
-def test_dynamic_tail_experiment_variant(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers narrow16_bal_dyn: narrow16_bal with MLA_DYN_TAIL=1, 2096 more bytes of
-    shared memory (within the opt-in limit), 3 P + b partial slots and two more counters per group in its
-    workspace; its PTX claims tail chunks with relaxed atomic adds (the walker is inlined in each role) and
-    resets the two counters with relaxed stores, the default build has neither. The walker keeps one value in local memory (4 bytes, reloaded once per work
-    item, outside the tile loop)."""
-    from gqadrv.mla import kernel_spec
-    from gqadrv.runtime.compiler import compile_module
-
-    dyn = kernel_spec.dyn_tail_experiments()
-    assert set(dyn) == {"narrow16_bal_dyn"}
-    v, base = dyn["narrow16_bal_dyn"], kernel_spec.KERNELS["narrow16_bal"]
-    assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_DYN_TAIL=1)
-    assert (v.source, v.entry, v.balanced) == (base.source, base.entry, True)
-    assert v.smem_bytes == base.smem_bytes + 2096 <= kernel_spec.SMEM_LIMIT
-    assert not kernel_spec.dyn_tail("narrow16_bal")
-    ptx = {}
-    for k in (base, v):
-        m = compile_module(k.source, "sm_90a", k.defines("bfloat16"), cache=isolated_cache)
-        ptx[k.name] = m.ptx.decode()
-        r = m.resources[next(iter(m.resources))]
-        assert r.registers <= 168 and r.spill_stores <= (4 if k is v else 0), (k.name, r)
-    claims = r"atom\.global\.add\.u32"
-    import re
-    assert re.findall(claims, ptx["narrow16_bal_dyn"]) and not re.findall(claims, ptx["narrow16_bal"])
-    resets = r"st\.relaxed\.gpu\.global\.u32"  # + 2 per inlined copy of the walker's claim
-    n_dyn, n_base = len(re.findall(resets, ptx["narrow16_bal_dyn"])), len(re.findall(resets, ptx["narrow16_bal"]))
-    assert n_dyn > n_base and (n_dyn - n_base) % 2 == 0, (n_dyn, n_base)
-
-
-def test_dynamic_tail_workspace_holds_3p_plus_b_slots_and_the_tail_counters(monkeypatch):
-    """workspace_sizes of narrow16_bal_dyn (registered by hand here): 3 P + b partial slots per (KV head, row
-    block) group instead of P + b, and b * h_kv * nmb + 2 * h_kv * nmb counters."""
-    from gqadrv.mla import kernel_spec
-
-    monkeypatch.setitem(kernel_spec.KERNELS, "narrow16_bal_dyn", kernel_spec.dyn_tail_experiments()["narrow16_bal_dyn"])
-    b, h_kv, P = 37, 2, 66
-    base = kernel_spec.workspace_sizes(b, 1, 32, h_kv, P, "narrow16_bal")
-    dyn = kernel_spec.workspace_sizes(b, 1, 32, h_kv, P, "narrow16_bal_dyn")
-    nmb = 1
-    assert base["ws_o"] == 4 * h_kv * nmb * (P + b) * 16 * 512
-    assert dyn["ws_o"] == 4 * h_kv * nmb * (3 * P + b) * 16 * 512 and dyn["ws_ml"] == 8 * h_kv * nmb * (3 * P + b) * 16
-    assert dyn["counters"] == base["counters"] + 4 * 2 * h_kv * nmb == 4 * (b * h_kv * nmb + 2 * h_kv * nmb)
-
-
 def _ex2_fed_by_fma(ptx: str) -> int:
     """How many ex2.approx instructions of a PTX listing take a register that an fma.rn.f32 wrote last."""
     import re

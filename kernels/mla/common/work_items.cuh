@@ -36,21 +36,6 @@
 //   step), so a request's nsplit partials are the consecutive slots from cta(f_i) + i. Every CTA
 //   derives W and its range from cache_seqlens at each launch (a block-wide scan, `balanced_start`):
 //   nothing depends on host-side lengths, CUDA-graph replays with new lengths stay valid.
-//   Dynamic tail (MLA_DYN_TAIL=1, experiment narrow16_bal_dyn, narrow2 only; cut mode with b <= DYN_MAX_B):
-//   CTAs of one group stream at unequal speeds (a uniform batch's CTAs end 6-20 % apart, differently at
-//   every launch, docs/RESULTS.md), so static shares end with the slowest CTA. Here every even share
-//   [q even, (q + 1) even) is cut into a static chunk of s = even - tl units (tl = even / 8; no tail when
-//   tl < 2) that CTA q streams first, and two tail chunks [s, s + t), [s + t, even) (t = ceil(tl / 2),
-//   offsets in the share) that any CTA of the group may claim once its own work is done: tail chunk j
-//   (j = 0 .. 2P - 1, claimed in order from a global counter per group, atomicAdd) is chunk h = j % 2 of
-//   share j / 2. Chunks are numbered in unit order, 3 q + {0, 1, 2}, which replaces the CTA index of the
-//   static cut mode: a request's pieces are consecutive chunks (none empty), its partial slots
-//   chunk + i among the group's 3 P + b, so the ticket / merge machinery is unchanged. No snapping. One
-//   thread of the CTA (the producer's TMA thread, which runs ahead) claims and posts {chunk, first
-//   request, its cost start} in a 4-entry shared queue (mbarriers full / empty; the readers are whole
-//   warps); -1 ends the CTA's list. A CTA takes at most DYN_MAX_CHUNKS tail chunks (its merges-won list
-//   holds two per chunk). When its last claim failed (or it took its maximum), the claimer counts the
-//   CTA done; the last of the P CTAs resets both counters to 0 for the next launch.
 #pragma once
 #include "../../common/ptx.cuh"
 #include "args.cuh"
@@ -72,26 +57,12 @@
 #ifndef MLA_WHOLE_MODE
 #define MLA_WHOLE_MODE 1
 #endif
-#ifndef MLA_DYN_TAIL
-#define MLA_DYN_TAIL 0
-#endif
 
 
 namespace mla {
 
 constexpr int REQ_COST = 1;    // fixed cost of one request, in pairs (balanced schedule)
 constexpr int MERGE_COST = 4;  // what a cut adds to the merging CTA's tail, in pairs (whole-request test)
-#if MLA_DYN_TAIL
-constexpr int DYN_MAX_B = 448;     // the requests' cost starts C_0 .. C_{b-1} live in shared memory
-constexpr int DYN_MAX_CHUNKS = 7;  // tail chunks one CTA may take
-constexpr int DYN_Q = 4;           // queue entries of 4 ints {chunk, request, its cost start, -}
-constexpr int DYN_READER_WARPS = 11;  // warps that read the queue (each arrives once per entry)
-constexpr int MERGES_MAX = 2 * (1 + DYN_MAX_CHUNKS);
-constexpr int SCHED_INTS_EXTRA = 4;   // sched[NW + 5 ..]: s, t, W, dynamic tail on
-#else
-constexpr int MERGES_MAX = 2;
-constexpr int SCHED_INTS_EXTRA = 0;
-#endif
 
 struct WorkItem {
   int req;      // request index
@@ -115,7 +86,7 @@ GQADRV_DEVICE int request_pairs(const MlaDecodeArgs& a, int req, int last_row, i
 // when it lies within chunk >> MLA_SNAP_SHIFT units of it (chunk / 32; the start on a tie), else x (see
 // the header comment).
 GQADRV_DEVICE int snap_boundary(int x, int c, int w, int chunk) {
-  const int tol = MLA_DYN_TAIL ? 0 : chunk >> MLA_SNAP_SHIFT;  // the dynamic tail's chunks are not snapped
+  const int tol = chunk >> MLA_SNAP_SHIFT;
   const int d0 = x - c, d1 = c + w - x;
   if (d0 <= d1 && d0 <= tol) return c;
   if (d1 <= tol && d1 < d0) return c + w;
@@ -148,7 +119,6 @@ GQADRV_DEVICE WorkItem split_item(const MlaDecodeArgs& a, int req, int split, in
   return w;
 }
 
-#if !MLA_DYN_TAIL
 // Iterator over a CTA's items of the balanced schedule. Every thread of the CTA runs its own copy
 // from the same start and sees the same items.
 // The fixed values (r0, r1, chunk) are read from shared memory at each call (`start`, written by
@@ -193,129 +163,11 @@ struct BalancedWalker {
     return false;
   }
 };
-#endif
-
-#if MLA_DYN_TAIL
-// The dynamic tail's shared queue and global counters, as one role of the CTA sees them.
-struct DynQueue {
-  u32 full0, empty0;  // shared addresses of the mbarriers full[DYN_Q] (count 1), empty[DYN_Q] (DYN_READER_WARPS)
-  int* q;             // DYN_Q entries of 4 ints
-  const int* pre;     // C_0 .. C_{b-1}
-  u32* ctr;           // global {next tail chunk, CTAs done} of the group
-  bool claimer;       // the one claiming thread; the readers are whole warps (lane 0 arrives on empty)
-};
-
-// Chunk of unit x: share q = x / even, chunk 3 q (static, offsets < s), 3 q + 1 ([s, s + t)), 3 q + 2 (the
-// rest); with no tail (tl = 0, s = even) chunk q.
-GQADRV_DEVICE int dyn_chunk_of_unit(int x, int even, int s, int t, bool tail) {
-  const int q = x / even, off = x - q * even;
-  return tail ? 3 * q + (off < s ? 0 : off - s < t ? 1 : 2) : q;
-}
-
-// The walker of the dynamic-tail builds: the CTA's static range, then the tail chunks the queue posts.
-// sched + NW: {first request, its cost start, r0, r1, even (0: whole requests), s, t, W, tail on}.
-struct BalancedWalker {
-  int req, cost0;     // next request to look at and its first cost unit C_req
-  const int* start;   // sched + NW
-  int slot_base;      // first partial slot of the CTA's group: (kvh nmb + mb)(3 P + b)
-  int r0, r1, cur;    // the current range of units and its chunk index (the CTA index first)
-  int k;              // queue entries read (tail chunks taken); -1 once the final -1 was read
-
-  GQADRV_DEVICE bool next(const MlaDecodeArgs& a, int last_row, WorkItem& w, const DynQueue& dq) {
-    const int even = start[4], s_st = start[5], t = start[6];
-    const bool tail = start[8] != 0;
-#pragma unroll 1
-    for (;;) {
-#pragma unroll 1
-      while (req < a.b && cost0 < r1) {
-        int len;
-        const int i = req, c = cost0;
-        const int np = request_pairs(a, i, last_row, len);
-        const int f = c + REQ_COST, end = f + np;
-        ++req;
-        cost0 = end;
-        if (np == 0) {
-          if (c < r0) continue;  // answered by the chunk holding C_i
-          w = WorkItem{i, len, 0, 0, 0, 1, 0, 0};
-          return true;
-        }
-        const int j0 = max(r0 - f, 0), j1 = min(r1 - f, np);
-        if (j1 <= j0) continue;
-        const int key_len = row_key_limit(a, len, last_row);
-        const int pf = even > 0 ? dyn_chunk_of_unit(f, even, s_st, t, tail) : cur;  // even 0: whole requests
-        w.req = i;
-        w.len = len;
-        w.t_beg = 2 * j0;
-        w.npairs = j1 - j0;
-        w.tok_end = min(key_len, 2 * j1 * 64);
-        w.nsplit = even > 0 ? dyn_chunk_of_unit(end - 1, even, s_st, t, tail) - pf + 1 : 1;
-        w.slot0 = slot_base + pf + i;
-        w.slot = slot_base + cur + i;
-        return true;
-      }
-      if (k < 0 || !tail || !tail_chunk(a, dq, even, s_st, t)) return false;
-    }
-  }
-
-  // The next queue entry (the claimer claims and posts it first); false at the end of the CTA's list.
-  GQADRV_DEVICE bool tail_chunk(const MlaDecodeArgs& a, const DynQueue& dq, int even, int s_st, int t) {
-    const int P = a.num_splits, total = start[7];
-    const int e = k % DYN_Q;
-    const u32 par = (u32)(k / DYN_Q) & 1u;
-    int c = -1, rq = 0, c0 = 0;
-    if (dq.claimer) {
-      if (k < DYN_MAX_CHUNKS) {
-        const int j = (int)atomicAdd(dq.ctr, 1u);
-        const int x = (j >> 1) * even + s_st + (j & 1) * t;  // chunk j % 2 of share j / 2: never empty below W
-        if (j < 2 * P && x < total) {
-          int lo = 0, hi = a.b - 1;  // the last request with C_i <= x (C is strictly increasing)
-#pragma unroll 1
-          while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (dq.pre[mid] <= x) lo = mid; else hi = mid - 1;
-          }
-          c = 3 * (j >> 1) + 1 + (j & 1);
-          rq = lo;
-          c0 = dq.pre[lo];
-        }
-      }
-      if (c < 0 && atomic_add_acq_rel_gpu(dq.ctr + 1, 1u) == (u32)(P - 1)) {  // the group's last CTA done
-        store_relaxed_gpu(dq.ctr, 0u);
-        store_relaxed_gpu(dq.ctr + 1, 0u);
-      }
-      mbar_wait(dq.empty0 + 8u * (u32)e, par ^ 1u);
-      dq.q[4 * e] = c;
-      dq.q[4 * e + 1] = rq;
-      dq.q[4 * e + 2] = c0;
-      mbar_arrive(dq.full0 + 8u * (u32)e);
-    } else {
-      mbar_wait(dq.full0 + 8u * (u32)e, par);
-      c = dq.q[4 * e];
-      rq = dq.q[4 * e + 1];
-      c0 = dq.q[4 * e + 2];
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) mbar_arrive(dq.empty0 + 8u * (u32)e);
-    }
-    if (c < 0) {
-      k = -1;
-      return false;
-    }
-    ++k;
-    cur = c;
-    req = rq;
-    cost0 = c0;
-    const int q = c / 3, h = c - 3 * q - 1;
-    r0 = q * even + s_st + h * t;
-    r1 = min(total, h == 0 ? r0 + t : (q + 1) * even);
-    return true;
-  }
-};
-#endif
 
 // Merges a CTA won (it drew the last ticket of a shared request), kept in shared memory as
 // {req, slot0, nsplit} triples by thread 0 and run after the CTA's last item, when no load is in
-// flight and the tile buffers can hold the merge weights. Only a chunk's first and last item can be
-// shared, so there are at most MERGES_MAX (two per chunk the CTA walks).
+// flight and the tile buffers can hold the merge weights. Only a CTA's first and last item can be
+// shared, so there are at most two.
 GQADRV_DEVICE void note_merge_won(int* s_merge, int& n_merge, const WorkItem& w, int tid) {
   if (tid == 0) {
     s_merge[3 * n_merge] = w.req;
@@ -346,12 +198,8 @@ GQADRV_DEVICE void run_merges_won(const MlaDecodeArgs& a, const int* s_merge, in
 // + 5 ints of shared memory that keep the result (sched[NW .. NW + 4] = first request, its cost
 // start, r0, r1, chunk; chunk 0 = whole requests) for balanced_walker(), which each role calls after
 // its setmaxnreg (values live across setmaxnreg would be spilled).
-// Dynamic-tail builds (MLA_DYN_TAIL): `pre` (DYN_MAX_B ints) receives C_0 .. C_{b-1}, sched[NW + 5 .. NW + 8]
-// {s, t, W, tail on}; the tail is on in the cut mode when b <= DYN_MAX_B and even / 8 >= 2 (else the static chunks are
-// the even shares, as without it).
 template <int NT>
-GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, int parts, int* sched, int tid,
-                                  int* pre = nullptr) {
+GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, int parts, int* sched, int tid) {
   constexpr int NW = NT / 32;
   const int lane = tid & 31, warp = tid >> 5;
   const int per = (a.b + NT - 1) / NT, i0 = min(tid * per, a.b), i1 = min(i0 + per, a.b);
@@ -393,12 +241,6 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     const int q0 = p * k_req, q1 = q0 + k_req;
     if (tid == 0) {
       sched[NW + 4] = 0;
-#if MLA_DYN_TAIL
-      sched[NW + 5] = 0;  // no tail
-      sched[NW + 6] = 1;
-      sched[NW + 7] = total;
-      sched[NW + 8] = 0;
-#endif
       if (q0 >= a.b) {
         sched[NW] = a.b;
         sched[NW + 1] = total;
@@ -423,30 +265,8 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     __syncthreads();
     return;
   }
-#if MLA_DYN_TAIL
-  const int chunk = even;
-  int tl = even >> 3;  // the share's tail units (none below 2 or past the queue's limits)
-  if (tl < 2 || a.b > DYN_MAX_B || 3 * parts > MLA_MAX_SPLITS) tl = 0;
-  if (tl > 0) {
-    int c = excl;
-#pragma unroll 1
-    for (int i = i0; i < i1; ++i) {
-      int len;
-      pre[i] = c;
-      c += REQ_COST + request_pairs(a, i, last_row, len);
-    }
-  }
-  if (tid == 0) {
-    sched[NW + 5] = even - tl;
-    sched[NW + 6] = max((tl + 1) >> 1, 1);
-    sched[NW + 7] = total;
-    sched[NW + 8] = tl > 0 ? 1 : 0;
-  }
-  const int x0 = p * chunk, x1 = p * chunk + even - tl;  // the CTA's static chunk
-#else
   const int chunk = even;
   const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
-#endif
   if (tid == 0) {  // boundaries at or past the end
     sched[NW + 4] = chunk;
     if (x0 >= total) {
@@ -484,15 +304,8 @@ GQADRV_DEVICE BalancedWalker balanced_walker(const int* sched, int p, int slot_b
   wk.req = sched[NW];
   wk.cost0 = sched[NW + 1];
   wk.start = sched + NW;
-  wk.slot_base = slot_base;
-#if MLA_DYN_TAIL
-  wk.r0 = sched[NW + 2];
-  wk.r1 = sched[NW + 3];
-  wk.cur = sched[NW + 8] ? 3 * p : p;  // the static chunk's index
-  wk.k = 0;
-#else
   wk.p = p;
-#endif
+  wk.slot_base = slot_base;
   return wk;
 }
 

@@ -85,26 +85,17 @@ constexpr u32 OFF_RING = OFF_P + 2 * QCB;
 constexpr u32 OFF_RED = OFF_RING + NSLOT * PIECE;       // red[2][4][NQ]
 constexpr u32 OFF_LRED = OFF_RED + 2 * 4 * NQ * 4;      // lred[2][4][NQ]
 constexpr u32 OFF_XML = OFF_LRED + 2 * 4 * NQ * 4;      // per warpgroup m[NQ], L[NQ]
-constexpr u32 OFF_SCHED = OFF_XML + 2 * 2 * NQ * 4;     // balanced_start: NW_ALL + 5 (+ 4 dynamic tail) ints
-constexpr u32 SCHED_BYTES = MLA_DYN_TAIL ? 96 : 80;
-constexpr u32 OFF_MERGE = OFF_SCHED + SCHED_BYTES;      // merges won: MERGES_MAX x {req, slot0, nsplit}
-constexpr u32 MERGE_BYTES = MLA_DYN_TAIL ? 192 : 32;
-constexpr u32 OFF_BAR = OFF_MERGE + MERGE_BYTES;        // full[NSLOT], empty[NSLOT], q_full, q_empty (+ the
-constexpr int N_DYN_BARS = MLA_DYN_TAIL ? 8 : 0;        // dynamic tail's queue full[4], empty[4])
-constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2 + N_DYN_BARS);
-constexpr u32 OFF_DYNQ = OFF_TICKET + 16;               // dynamic tail: the queue (4 x 4 ints), then C_0 .. C_{b-1}
-constexpr u32 OFF_PRE = OFF_DYNQ + 64;
-constexpr u32 SMEM_USED = MLA_DYN_TAIL ? OFF_PRE + 4u * 448u : OFF_TICKET + 16;
+constexpr u32 OFF_SCHED = OFF_XML + 2 * 2 * NQ * 4;     // balanced_start: NW_ALL + 5 ints
+constexpr u32 OFF_MERGE = OFF_SCHED + 80;               // merges won: 2 x {req, slot0, nsplit}
+constexpr u32 OFF_BAR = OFF_MERGE + 32;                 // full[NSLOT], empty[NSLOT], q_full, q_empty
+constexpr u32 OFF_TICKET = OFF_BAR + 8u * (2 * NSLOT + 2);
+constexpr u32 SMEM_USED = OFF_TICKET + 16;
 constexpr u32 STG_BF16 = 1024u + 16u;  // output staging row stride (bank spread)
 constexpr u32 XHALF = 4u * NACC * 128u * 4u;  // one half (4 channel blocks) of a warpgroup's O^T
 static_assert(NQ == 16, "two consumer warpgroups: 16 rows per CTA");
 static_assert(NSLOT >= 18, "the parity argument needs two tiles in the ring");
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the narrow2 smem map (+1 KB slack)");
-static_assert((NW_ALL + 5 + SCHED_INTS_EXTRA) * 4 <= SCHED_BYTES, "balanced schedule scratch");
-static_assert(MERGES_MAX * 3 * 4 <= MERGE_BYTES, "merges-won list");
-#if MLA_DYN_TAIL
-static_assert(DYN_MAX_B == 448 && DYN_Q == 4 && DYN_READER_WARPS == 3 + 8, "dynamic tail smem map");
-#endif
+static_assert((NW_ALL + 5) * 4 <= 80, "balanced schedule scratch");
 static_assert(NQ * STG_BF16 <= NCB * QCB && XHALF <= NCB * QCB, "epilogue staging must fit in the Q region");
 static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSLOT * PIECE, "merge weights must fit in the ring");
 static_assert(OFF_P % 1024 == 0 && OFF_RING % 1024 == 0 && QCB % 1024 == 0, "swizzle atoms are 1 KB aligned");
@@ -116,8 +107,6 @@ GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)s
 GQADRV_DEVICE u32 empty_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)(NSLOT + slot); }
 GQADRV_DEVICE u32 q_full_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT); }
 GQADRV_DEVICE u32 q_empty_bar(u32 sb) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 1); }
-GQADRV_DEVICE u32 dyn_full_bar(u32 sb, int e) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 2 + e); }
-GQADRV_DEVICE u32 dyn_empty_bar(u32 sb, int e) { return sb + OFF_BAR + 8u * (u32)(2 * NSLOT + 6 + e); }
 GQADRV_DEVICE u32 slot_addr(u32 sb, int slot) { return sb + OFF_RING + (u32)slot * PIECE; }
 // Ring slot and full-barrier parity of piece p of the CTA.
 GQADRV_DEVICE int piece_slot(int p) { return p % NSLOT; }
@@ -196,13 +185,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     }
     mbar_init(q_full_bar(sb), Q_LOADERS);
     mbar_init(q_empty_bar(sb), 256);
-#if MLA_DYN_TAIL
-#pragma unroll 1
-    for (int e = 0; e < DYN_Q; ++e) {
-      mbar_init(dyn_full_bar(sb, e), 1);
-      mbar_init(dyn_empty_bar(sb, e), DYN_READER_WARPS);
-    }
-#endif
     fence_mbarrier_init();
   }
 
@@ -211,26 +193,11 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   pdl_wait();  // no-op unless launched with programmatic stream serialization
 #if MLA_BALANCED
   // the scan's barriers also publish the barrier inits
-#if MLA_DYN_TAIL
-  balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid,
-                          reinterpret_cast<int*>(smem + OFF_PRE));
-  MLA_MARK(a, 1, tid == 0);
-  // 3 P + b partial slots per group; the queue's claimer is the TMA thread (warp 8 lane 0), its readers
-  // the Q loaders (warps 9..11) and the consumers (warps 0..7); the group's two tail counters follow the
-  // b * h_kv * nmb tickets
-  BalancedWalker walker = balanced_walker<THREADS>(reinterpret_cast<const int*>(smem + OFF_SCHED), (int)blockIdx.x,
-                                                   (kvh * nmb + mb) * (3 * a.num_splits + a.b));
-  const DynQueue dq{dyn_full_bar(sb, 0), dyn_empty_bar(sb, 0), reinterpret_cast<int*>(smem + OFF_DYNQ),
-                    reinterpret_cast<const int*>(smem + OFF_PRE),
-                    a.counters + (long long)a.b * a.h_kv * nmb + 2 * (kvh * nmb + mb), warp == 8 && lane == 0};
-  auto next_item = [&](WorkItem& w) -> bool { return walker.next(a, last_row, w, dq); };
-#else
   balanced_start<THREADS>(a, last_row, (int)blockIdx.x, a.num_splits, reinterpret_cast<int*>(smem + OFF_SCHED), tid);
   MLA_MARK(a, 1, tid == 0);
   BalancedWalker walker = balanced_walker<THREADS>(reinterpret_cast<const int*>(smem + OFF_SCHED), (int)blockIdx.x,
                                                    (kvh * nmb + mb) * (a.num_splits + a.b));
   auto next_item = [&](WorkItem& w) -> bool { return walker.next(a, last_row, w); };
-#endif
 #else
   __syncthreads();  // barriers initialised
   bool item_left = true;

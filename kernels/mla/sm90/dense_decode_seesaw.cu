@@ -131,10 +131,6 @@
 #include "../common/fp8_rows.cuh"
 #endif
 
-#if MLA_DYN_TAIL
-#error "the dynamic tail (MLA_DYN_TAIL) is built for the narrow2 kernel only"
-#endif
-
 namespace mla {
 namespace seesaw {
 constexpr u32 TILE = NCB * CB;            // 73728
