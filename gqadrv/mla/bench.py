@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mla-also", nargs="*", default=[],
                    help="more gqadrv MLA backends timed in the same rows (results 'gqadrv:NAME'); NAME@S forces "
                         "num_splits S (split grids: CTAs per request and row block; balanced grids: CTAs)")
+    p.add_argument("--mla-pages", choices=("sequential", "shuffled"), default="sequential",
+                   help="page order of the rows' block table: request i owns pages i * max_blocks ... in order "
+                        "(sequential, the tables' default), or one random permutation of all pages (shuffled, "
+                        "seed 11: requests no longer stream equally strided regions in step); every provider "
+                        "reads the same table")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every provider of a row this many times in turn and keep the median of the rounds; "
                         "the providers' order rotates by one each round (spreads clock and order effects evenly)")
@@ -85,16 +90,32 @@ def _metrics(h_q, s_q, lens, b, us, kv_bytes_per_token=576 * 2):
     return flops / (us * 1e-6) / 1e12, nbytes / (us * 1e-6) / 1e12
 
 
-def flashinfer_csr(lens: list[int], max_blocks: int, page: int):
-    """FlashInfer's CSR page lists of the bench's block table (request i owns pages
-    i * max_blocks ...): kv_indptr (b + 1) counts each request's ceil(len / page) pages, kv_indices
-    lists them; int32 numpy arrays."""
+def bench_block_table(b: int, max_blocks: int, order: str = "sequential"):
+    """The rows' block table, int32 numpy [b, max_blocks]: request i owns pages i * max_blocks ... in order
+    (sequential), or the same slots filled with one permutation of all b * max_blocks pages (shuffled,
+    seed 11)."""
     import numpy as np
 
+    pages = np.arange(b * max_blocks, dtype=np.int32)
+    if order == "shuffled":
+        pages = np.random.default_rng(11).permutation(pages).astype(np.int32)
+    elif order != "sequential":
+        raise ValueError(f"page order must be 'sequential' or 'shuffled', got {order!r}")
+    return pages.reshape(b, max_blocks)
+
+
+def flashinfer_csr(lens: list[int], max_blocks: int, page: int, table=None):
+    """FlashInfer's CSR page lists of the bench's block table (``table``, [b, max_blocks]; None: request i
+    owns pages i * max_blocks ... in order): kv_indptr (b + 1) counts each request's ceil(len / page) pages,
+    kv_indices lists them in the table's order; int32 numpy arrays."""
+    import numpy as np
+
+    if table is None:
+        table = bench_block_table(len(lens), max_blocks)
     counts = [-(-n // page) for n in lens]
     indptr = np.zeros(len(lens) + 1, np.int32)
     indptr[1:] = np.cumsum(counts)
-    indices = np.concatenate([np.arange(i * max_blocks, i * max_blocks + c, dtype=np.int32)
+    indices = np.concatenate([np.asarray(table[i, :c], np.int32)
                               for i, c in enumerate(counts)]) if lens else np.zeros(0, np.int32)
     return indptr, indices
 
@@ -117,7 +138,9 @@ def _run_row(item, timer: Timer, args) -> dict:
 
     k = k.astype(ml_dtypes.bfloat16)
     q = q.astype(ml_dtypes.bfloat16)
-    bt = cp.arange(nb, dtype=cp.int32).reshape(b, max_blocks)
+    pages = getattr(args, "mla_pages", "sequential") or "sequential"
+    table = bench_block_table(b, max_blocks, pages)
+    bt = cp.asarray(table)
     sl = cp.asarray(np.array(lens, np.int32))
     causal = s_q > 1
     res: dict = {}
@@ -160,7 +183,7 @@ def _run_row(item, timer: Timer, args) -> dict:
                 ws = torch.empty(256 << 20, dtype=torch.uint8, device=tq.device)
                 w = fmla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
                 qo = torch.arange(b + 1, dtype=torch.int32, device=tq.device)
-                indptr, indices = flashinfer_csr(lens, max_blocks, page)
+                indptr, indices = flashinfer_csr(lens, max_blocks, page, table)
                 kvp = torch.from_numpy(indptr).to(tq.device)
                 kvi = torch.from_numpy(indices).to(tq.device)
                 # FlashInfer 0.7 keyword plan (CSR form) and split (nope, rope) query / cache pairs
@@ -179,7 +202,9 @@ def _run_row(item, timer: Timer, args) -> dict:
             v["hot_TFLOPS"], v["hot_TBps"] = _metrics(h_q, s_q, lens, b, v["hot_us"])
             v["cold_TFLOPS"], v["cold_TBps"] = _metrics(h_q, s_q, lens, b, v["cold_us"])
     label = f"b{b} s_q{s_q} h_q{h_q} L{L}{'' if kind == 'uniform' else ' ' + kind}"
-    return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "results": res}
+    if pages != "sequential":
+        label += f" pages-{pages}"
+    return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "pages": pages, "results": res}
 
 
 def time_rounds(calls: dict, timer, rounds: int, res: dict) -> None:

@@ -101,6 +101,27 @@ def test_flashinfer_page_lists_of_unequal_lengths():
     assert indptr.tolist() == [0, 64, 128, 192] and indices.tolist() == list(range(192))
 
 
+def test_mla_bench_block_tables_sequential_and_shuffled():
+    """--mla-pages: sequential gives request i the pages i * max_blocks ... in order; shuffled fills the same
+    slots with one fixed permutation of every page (each page once), and FlashInfer's page lists follow the
+    table the other providers read."""
+    import numpy as np
+    import pytest
+
+    from gqadrv.mla.bench import bench_block_table, flashinfer_csr
+
+    seq = bench_block_table(3, 4)
+    assert seq.dtype == np.int32 and seq.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    sh = bench_block_table(3, 4, "shuffled")
+    assert sh.dtype == np.int32 and sh.shape == (3, 4) and sorted(sh.ravel().tolist()) == list(range(12))
+    assert not np.array_equal(sh, seq) and np.array_equal(sh, bench_block_table(3, 4, "shuffled"))
+    indptr, indices = flashinfer_csr([64, 65, 1], max_blocks=4, page=64, table=sh)
+    assert indptr.tolist() == [0, 1, 3, 4]
+    assert indices.tolist() == [sh[0, 0], sh[1, 0], sh[1, 1], sh[2, 0]]
+    with pytest.raises(ValueError, match="page order"):
+        bench_block_table(3, 4, "random")
+
+
 def test_mla_also_entries_may_force_the_split_count():
     import pytest
 
