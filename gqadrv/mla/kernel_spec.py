@@ -343,7 +343,17 @@ def half_partial_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
+def rotate_experiments() -> dict:
+    """``seesaw_bal_rot``: seesaw_bal walking each item's pairs rotated by a per-CTA offset (the last pair, the
+    only one that may be partial, stays last; MLA_ROTATE=1 in dense_decode_seesaw.cu), so that the CTAs of a
+    uniform batch on sequential pages do not stream their equally strided requests in step (docs/MLA.md, "the
+    seesaw's two speeds"; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    return dict([_derived(KERNELS["seesaw_bal"], "rot", "a per-CTA rotation of each item's pair walk",
+                          (("MLA_ROTATE", 1),))])
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
+    KERNELS.update(rotate_experiments())
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())

@@ -5,7 +5,9 @@ on every launch of a prepared object (a discarded line must never be read again 
 ``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` / ``narrow16_bal_ph`` store the split partials as O / L in the
 q dtype (MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
 bases within the dtype's tolerance. The scripts run in a subprocess, since the experiment variants are
-registered when gqadrv.mla.kernel_spec is imported."""
+registered when gqadrv.mla.kernel_spec is imported. ``seesaw_bal_rot`` walks each item's pairs from a per-CTA
+offset (MLA_ROTATE=1, the last pair last): it must match the oracle, stay within the dtype's tolerance of
+seesaw_bal and repeat bit for bit (the offset depends only on the CTA index)."""
 
 from __future__ import annotations
 
@@ -134,5 +136,73 @@ def test_half_partial_builds_match_the_oracle_and_their_bases():
     within the dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
     lengths, NaN in unused rows, causal s_q 2, a forced split count; a second launch equal to the first."""
     r = _run_experiment_script(HALF_SCRIPT, 900)
+    print(r.stdout[-4000:])
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+ROT_SCRIPT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    from gqadrv.mla.reference import mla_decode_reference
+    from gqadrv.mla.selftest import make_case
+    from tests.helpers import MAX_ERRORS
+    from tests.mla.cases import TOL
+    from tests.mla.test_mla_gpu import check
+    failures = []
+    rs = np.random.default_rng(23)
+    # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform batches (whole requests, every CTA rotated),
+    # a spread and a skewed batch (cut items rotated inside their pair range), causal s_q 2 (masked tiles
+    # before the last pair), partial last tiles, one- and two-pair items, empty and over-capacity lengths,
+    # a forced split count, h_q 64 / 128 (two row blocks of one request share the order); NaN in unused rows
+    cases = [
+        (64, 128, 1, 64, [2048 + 17] * 128, None, False, "bfloat16"),
+        (64, 64, 1, 128, [4096] * 64, None, False, "float16"),
+        (64, 128, 1, 64, [512 + 3 * 1024 * i // 127 + i % 5 for i in range(128)], None, False, "bfloat16"),
+        (128, 20, 1, 64, [16 * 1024 + 3] + [700] * 19, None, False, "float16"),
+        (256, 9, 2, 64, [127, 4096 + 17, 0, 1, 2000, 64, 65, 129, 3333], None, True, "bfloat16"),
+        (64, 7, 4, 32, [1, 63, 64, 65, 128, 129, 5000], 5, True, "float16"),
+        (64, 3, 1, 64, [65, 0, 10**6], None, False, "bfloat16"),
+    ]
+    for i, (page, b, s_q, h_q, lens, splits, causal, dtype) in enumerate(cases):
+        rng = np.random.default_rng(400 + i)
+        cap = max(min(max(lens), 20000), 1)
+        q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
+        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
+        res = {}
+        for v in ("seesaw_bal", "seesaw_bal_rot"):
+            p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                          causal=causal, num_splits=splits, backend=v)
+            o, l = gqadrv.launch_prepared(p)
+            o1, l1 = cp.asnumpy(o).astype(np.float64), cp.asnumpy(l).astype(np.float64)
+            for rep in range(2):
+                o, l = gqadrv.launch_prepared(p)
+                if not (np.array_equal(cp.asnumpy(o).astype(np.float64), o1, equal_nan=True)
+                        and np.array_equal(cp.asnumpy(l).astype(np.float64), l1, equal_nan=True)):
+                    failures.append(f"case {i} {v}: launch {rep + 2} differs from the first")
+                    break
+            res[v] = (o1, l1)
+            try:   # the MLA oracle grid's check (tests/mla/test_mla_gpu.py): same bounds
+                check(o1, l1, ro, rl, dtype, v)
+            except AssertionError as e:
+                failures.append(f"case {i}: {e}")
+        (ob, lb), (orot, lrot) = res["seesaw_bal"], res["seesaw_bal_rot"]
+        fin = np.isfinite(lb)
+        d_out = float(np.abs(orot - ob).max())
+        d_lse = float(np.abs(lrot[fin] - lb[fin]).max()) if fin.any() else 0.0
+        if d_out > TOL[dtype] or d_lse > 1e-4 or not np.array_equal(fin, np.isfinite(lrot)):
+            failures.append(f"case {i} seesaw_bal_rot against seesaw_bal: out {d_out:.3e}, lse {d_lse:.3e}")
+        print(f"case {i}: rot - base max |out| {d_out:.3e}, |lse| {d_lse:.3e}")
+    for key, e in sorted(MAX_ERRORS.items()):
+        print(f"max err against the oracle, {key}: {e:.3e}")
+    print("FAILURES:", failures)
+    raise SystemExit(1 if failures else 0)
+""")
+
+
+def test_rotated_walk_build_matches_the_oracle_and_its_base():
+    """``seesaw_bal_rot`` (each item's pairs walked from a per-CTA offset, the last pair last) against the float64
+    oracle and seesaw_bal on uniform (whole requests), spread and skewed (cut) batches, causal s_q 2 and 4,
+    partial last tiles, one- and two-pair items, empty and over-capacity lengths, a forced split count, h_q 32 /
+    64 / 128; three launches of each prepared object bit-identical."""
+    r = _run_experiment_script(ROT_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

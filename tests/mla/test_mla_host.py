@@ -435,6 +435,30 @@ def test_half_partial_experiment_variants(isolated_cache):
     assert (v2_b, v2_h, s_b - s_h, h_h - h_b) == (v2_h, v2_b, 32, 32) and ld_h * 2 == ld_b, counts
 
 
+def test_rotated_walk_experiment_variant(isolated_cache):
+    """GQADRV_MLA_EXPERIMENTS=1 registers seesaw_bal_rot: seesaw_bal with MLA_ROTATE=1 (each item's pairs walked
+    from a per-CTA offset, the last pair last), same source, entry, shared memory and schedule; it compiles
+    without spills and computes the offset (a remainder by npairs - 1) where the default build does not."""
+    import re
+
+    from gqadrv.mla import kernel_spec
+    from gqadrv.runtime.compiler import compile_module
+
+    rot = kernel_spec.rotate_experiments()
+    assert set(rot) == {"seesaw_bal_rot"}
+    v, base = rot["seesaw_bal_rot"], kernel_spec.KERNELS["seesaw_bal"]
+    assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_ROTATE=1)
+    assert (v.source, v.entry, v.smem_bytes, v.balanced, v.tma_boxes) == (
+        base.source, base.entry, base.smem_bytes, True, base.tma_boxes)
+    rems = {}
+    for k in (base, v):
+        m = compile_module(k.source, "sm_90a", k.defines("bfloat16"), cache=isolated_cache)
+        r = m.resources[next(iter(m.resources))]
+        assert r.spill_stores == 0 and r.spill_loads == 0, (k.name, r)
+        rems[k.name] = len(re.findall(r"\brem\.u32\b", m.ptx.decode()))
+    assert rems["seesaw_bal_rot"] > rems["seesaw_bal"], rems
+
+
 def _ex2_fed_by_fma(ptx: str) -> int:
     """How many ex2.approx instructions of a PTX listing take a register that an fma.rn.f32 wrote last."""
     import re
