@@ -330,19 +330,6 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
-def half_partial_experiments(schedule: dict) -> dict:
-    """``<variant>_ph`` for the balanced bf16 / fp16 variants (seesaw_bal, narrow16_bal) and, for those with the
-    whole-request mode (the seesaw), their ``_cut32`` schedule experiment (the cut mode always): split partials
-    stored as O / L in the q dtype (half the bytes of the fp32 partials, as FlashInfer's MLA stores them) and
-    merged with the weights 2^(m - max) L / sum (MLA_PARTIAL_HALF=1, kernels/mla/common/decode_util.cuh; a
-    merged row carries the partials' rounding besides the output's). Not for the FP8 kernels, which write their
-    own fp32 partials (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    bases = [k for k in DEFAULT_VARIANTS if k.balanced and not k.fp8]
-    bases += [schedule[f"{k.name}_cut32"] for k in list(bases) if dict(k.fixed_defines).get("MLA_WHOLE_MODE", 1)]
-    return dict(_derived(base, "ph", "MLA_PARTIAL_HALF=1 (normalised partials in the q dtype)", (("MLA_PARTIAL_HALF", 1),))
-                for base in bases)
-
-
 def rotate_experiments() -> dict:
     """``seesaw_bal_rot``: seesaw_bal walking each item's pairs rotated by a per-CTA offset (the last pair, the
     only one that may be partial, stays last; MLA_ROTATE=1 in dense_decode_seesaw.cu), so that the CTAs of a
@@ -358,7 +345,6 @@ if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())
     KERNELS.update(partial_l2_experiments(_schedule))
-    KERNELS.update(half_partial_experiments(_schedule))
 
 
 def kernel(variant: str) -> KernelVariant:

@@ -265,9 +265,6 @@ GQADRV_DEVICE u64 l2_policy_evict_last() {
   return p;
 }
 // Stores with an L2 cache policy (e.g. evict_last for data read back later in the same launch).
-GQADRV_DEVICE void st_b16_l2hint(u16* p, u16 v, u64 pol) {
-  asm volatile("st.global.L2::cache_hint.b16 [%0], %1, %2;" ::"l"(p), "h"(v), "l"(pol) : "memory");
-}
 GQADRV_DEVICE void st_f32_l2hint(float* p, float a, u64 pol) {
   asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(a), "l"(pol) : "memory");
 }

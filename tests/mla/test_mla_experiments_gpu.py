@@ -2,10 +2,8 @@
 partials in L2 (stored evict_last, discarded from L2 once merged: MLA_PARTIAL_L2=1); the experiment
 ``<variant>_nopl2`` builds them without those cache policies. Both must give bit-identical outputs
 on every launch of a prepared object (a discarded line must never be read again by a later launch).
-``seesaw_bal_ph`` / ``seesaw_bal_cut32_ph`` / ``narrow16_bal_ph`` store the split partials as O / L in the
-q dtype (MLA_PARTIAL_HALF=1): they must match the float64 oracle with the grid's bounds and their fp32-partial
-bases within the dtype's tolerance. The scripts run in a subprocess, since the experiment variants are
-registered when gqadrv.mla.kernel_spec is imported. ``seesaw_bal_rot`` walks each item's pairs from a per-CTA
+The scripts run in a subprocess, since the experiment variants are registered when gqadrv.mla.kernel_spec is
+imported. ``seesaw_bal_rot`` walks each item's pairs from a per-CTA
 offset (MLA_ROTATE=1, the last pair last): it must match the oracle, stay within the dtype's tolerance of
 seesaw_bal and repeat bit for bit (the offset depends only on the CTA index)."""
 
@@ -73,7 +71,10 @@ def test_partial_l2_cache_policies_leave_outputs_bit_identical_on_every_launch()
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
 
 
-HALF_SCRIPT = textwrap.dedent("""
+# The oracle / A-B script's helpers: a variant's launches (the first against the float64 oracle with the grid's
+# bounds, every later one bit-identical to it) and its distance from a base build (out within the dtype's
+# tolerance, lse within 1e-4, the same rows without keys).
+ORACLE_AB_HELPERS = textwrap.dedent("""
     import cupy as cp, numpy as np, gqadrv
     from gqadrv.mla.reference import mla_decode_reference
     from gqadrv.mla.selftest import make_case
@@ -81,73 +82,41 @@ HALF_SCRIPT = textwrap.dedent("""
     from tests.mla.cases import TOL
     from tests.mla.test_mla_gpu import check
     failures = []
-    rs = np.random.default_rng(11)
-    # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform batches (whole requests in every build: at
-    # b 128 on 132 CTAs the even share equals one request's cost, so even cut32 cuts none), a spread and a
-    # skewed batch (cut), empty and over-capacity lengths, causal s_q 2, a forced split count, both dtypes;
-    # NaN in every unused page row (make_case)
-    cases = [
-        (64, 128, 1, 64, [2048] * 128, None, False, "bfloat16"),
-        (64, 128, 1, 64, [512 + 3 * 1024 * i // 127 for i in range(128)], None, False, "float16"),
-        (128, 37, 1, 128, [int(x) for x in rs.integers(0, 5000, 37)], None, False, "bfloat16"),
-        (64, 20, 1, 16, [16 * 1024] + [700] * 19, None, False, "bfloat16"),
-        (256, 5, 2, 128, [127, 4096 + 17, 0, 1, 2000], 7, True, "float16"),
-        (64, 3, 1, 64, [65, 0, 10**6], None, False, "bfloat16"),
-        (64, 128, 1, 16, [3000] * 128, None, False, "float16"),
-    ]
-    for i, (page, b, s_q, h_q, lens, splits, causal, dtype) in enumerate(cases):
-        rng = np.random.default_rng(200 + i)
-        cap = max(min(max(lens), 20000), 1)
-        q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
-        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
-        for base in ("seesaw_bal", "seesaw_bal_cut32") + (("narrow16_bal",) if s_q * h_q <= 16 else ()):
-            res = {}
-            for v in (base, base + "_ph"):
-                p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
-                                              causal=causal, num_splits=splits, backend=v)
-                o, l = gqadrv.launch_prepared(p)
-                o1, l1 = cp.asnumpy(o).astype(np.float64), cp.asnumpy(l).astype(np.float64)
-                o, l = gqadrv.launch_prepared(p)
-                if not (np.array_equal(cp.asnumpy(o).astype(np.float64), o1, equal_nan=True)
-                        and np.array_equal(cp.asnumpy(l).astype(np.float64), l1, equal_nan=True)):
-                    failures.append(f"case {i} {v}: second launch differs")
-                res[v] = (o1, l1)
-                try:   # the MLA oracle grid's check (tests/mla/test_mla_gpu.py): same bounds
-                    check(o1, l1, ro, rl, dtype, v)
-                except AssertionError as e:
-                    failures.append(f"case {i}: {e}")
-            (ob, lb), (oh, lh) = res[base], res[base + "_ph"]
-            fin = np.isfinite(lb)
-            d_out = float(np.abs(oh - ob).max())
-            d_lse = float(np.abs(lh[fin] - lb[fin]).max()) if fin.any() else 0.0
-            if d_out > TOL[dtype] or d_lse > 1e-4 or not np.array_equal(fin, np.isfinite(lh)):
-                failures.append(f"case {i} {base}_ph against {base}: out {d_out:.3e}, lse {d_lse:.3e}")
-            print(f"case {i} {base}: ph - base max |out| {d_out:.3e}, |lse| {d_lse:.3e}")
-    for key, e in sorted(MAX_ERRORS.items()):
-        print(f"max err against the oracle, {key}: {e:.3e}")
-    print("FAILURES:", failures)
-    raise SystemExit(1 if failures else 0)
+
+    def run_checked(tag, backend, launches, q, k, bt, ln, causal, splits, ro, rl, dtype):
+        p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
+                                      causal=causal, num_splits=splits, backend=backend)
+        o, l = gqadrv.launch_prepared(p)
+        o1, l1 = cp.asnumpy(o).astype(np.float64), cp.asnumpy(l).astype(np.float64)
+        for rep in range(launches - 1):
+            o, l = gqadrv.launch_prepared(p)
+            if not (np.array_equal(cp.asnumpy(o).astype(np.float64), o1, equal_nan=True)
+                    and np.array_equal(cp.asnumpy(l).astype(np.float64), l1, equal_nan=True)):
+                failures.append(f"{tag} {backend}: launch {rep + 2} differs from the first")
+                break
+        try:   # the MLA oracle grid's check (tests/mla/test_mla_gpu.py): same bounds
+            check(o1, l1, ro, rl, dtype, backend)
+        except AssertionError as e:
+            failures.append(f"{tag}: {e}")
+        return o1, l1
+
+    def against_base(tag, base, base_res, variant, res, dtype):
+        (ob, lb), (ov, lv) = base_res, res
+        fin = np.isfinite(lb)
+        d_out = float(np.abs(ov - ob).max())
+        d_lse = float(np.abs(lv[fin] - lb[fin]).max()) if fin.any() else 0.0
+        if d_out > TOL[dtype] or d_lse > 1e-4 or not np.array_equal(fin, np.isfinite(lv)):
+            failures.append(f"{tag} {variant} against {base}: out {d_out:.3e}, lse {d_lse:.3e}")
+        print(f"{tag} {variant} - {base} max |out| {d_out:.3e}, |lse| {d_lse:.3e}")
+
+    def finish():
+        for key, e in sorted(MAX_ERRORS.items()):
+            print(f"max err against the oracle, {key}: {e:.3e}")
+        print("FAILURES:", failures)
+        raise SystemExit(1 if failures else 0)
 """)
 
-
-def test_half_partial_builds_match_the_oracle_and_their_bases():
-    """``seesaw_bal_ph``, ``seesaw_bal_cut32_ph`` and ``narrow16_bal_ph`` (split partials as O / L in the q
-    dtype) against the float64 oracle (the oracle grid's check) and against their fp32-partial builds (out
-    within the dtype's tolerance, lse within 1e-4): uniform, spread and skewed batches, empty and over-capacity
-    lengths, NaN in unused rows, causal s_q 2, a forced split count; a second launch equal to the first."""
-    r = _run_experiment_script(HALF_SCRIPT, 900)
-    print(r.stdout[-4000:])
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-
-
-ROT_SCRIPT = textwrap.dedent("""
-    import cupy as cp, numpy as np, gqadrv
-    from gqadrv.mla.reference import mla_decode_reference
-    from gqadrv.mla.selftest import make_case
-    from tests.helpers import MAX_ERRORS
-    from tests.mla.cases import TOL
-    from tests.mla.test_mla_gpu import check
-    failures = []
+ROT_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
     rs = np.random.default_rng(23)
     # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform batches (whole requests, every CTA rotated),
     # a spread and a skewed batch (cut items rotated inside their pair range), causal s_q 2 (masked tiles
@@ -167,34 +136,10 @@ ROT_SCRIPT = textwrap.dedent("""
         cap = max(min(max(lens), 20000), 1)
         q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
         ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
-        res = {}
-        for v in ("seesaw_bal", "seesaw_bal_rot"):
-            p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512,
-                                          causal=causal, num_splits=splits, backend=v)
-            o, l = gqadrv.launch_prepared(p)
-            o1, l1 = cp.asnumpy(o).astype(np.float64), cp.asnumpy(l).astype(np.float64)
-            for rep in range(2):
-                o, l = gqadrv.launch_prepared(p)
-                if not (np.array_equal(cp.asnumpy(o).astype(np.float64), o1, equal_nan=True)
-                        and np.array_equal(cp.asnumpy(l).astype(np.float64), l1, equal_nan=True)):
-                    failures.append(f"case {i} {v}: launch {rep + 2} differs from the first")
-                    break
-            res[v] = (o1, l1)
-            try:   # the MLA oracle grid's check (tests/mla/test_mla_gpu.py): same bounds
-                check(o1, l1, ro, rl, dtype, v)
-            except AssertionError as e:
-                failures.append(f"case {i}: {e}")
-        (ob, lb), (orot, lrot) = res["seesaw_bal"], res["seesaw_bal_rot"]
-        fin = np.isfinite(lb)
-        d_out = float(np.abs(orot - ob).max())
-        d_lse = float(np.abs(lrot[fin] - lb[fin]).max()) if fin.any() else 0.0
-        if d_out > TOL[dtype] or d_lse > 1e-4 or not np.array_equal(fin, np.isfinite(lrot)):
-            failures.append(f"case {i} seesaw_bal_rot against seesaw_bal: out {d_out:.3e}, lse {d_lse:.3e}")
-        print(f"case {i}: rot - base max |out| {d_out:.3e}, |lse| {d_lse:.3e}")
-    for key, e in sorted(MAX_ERRORS.items()):
-        print(f"max err against the oracle, {key}: {e:.3e}")
-    print("FAILURES:", failures)
-    raise SystemExit(1 if failures else 0)
+        res = {v: run_checked(f"case {i}", v, 3, q, k, bt, ln, causal, splits, ro, rl, dtype)
+               for v in ("seesaw_bal", "seesaw_bal_rot")}
+        against_base(f"case {i}", "seesaw_bal", res["seesaw_bal"], "seesaw_bal_rot", res["seesaw_bal_rot"], dtype)
+    finish()
 """)
 
 

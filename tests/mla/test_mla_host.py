@@ -401,40 +401,6 @@ def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(i
         assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
 
 
-def test_half_partial_experiment_variants(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers <variant>_ph (MLA_PARTIAL_HALF=1) for seesaw_bal, its cut32 schedule
-    experiment and narrow16_bal (not the FP8 kernels, which write their own fp32 partials): otherwise the
-    same builds. In their PTX the partial O goes out in the q dtype (the seesaw: one 32-bit word per channel
-    pair, 64 scalar stores instead of 64 two-float stores, {m, L} still two-float; narrow2: 32 16-bit stores
-    instead of 32 fp32 ones) and the merge loads 16 bytes per 8 channels instead of 32; no spills."""
-    import re
-
-    from gqadrv.mla import kernel_spec
-    from gqadrv.runtime.compiler import compile_module
-
-    sched = kernel_spec.schedule_experiments()
-    ph = kernel_spec.half_partial_experiments(sched)
-    assert set(ph) == {"seesaw_bal_ph", "seesaw_bal_cut32_ph", "narrow16_bal_ph"}
-    for name, v in ph.items():
-        base = kernel_spec.KERNELS.get(name[:-3]) or sched[name[:-3]]
-        assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_PARTIAL_HALF=1), name
-        assert (v.source, v.entry, v.smem_bytes, v.balanced) == (base.source, base.entry, base.smem_bytes, True)
-    pats = (r"st\.global\.L2::cache_hint\.v2\.f32", r"st\.global\.L2::cache_hint\.f32",
-            r"st\.global\.L2::cache_hint\.b16", r"ld\.global\.cg\.v4\.f32")
-    counts = {}
-    for v in (kernel_spec.KERNELS["seesaw_bal"], ph["seesaw_bal_ph"], kernel_spec.KERNELS["narrow16_bal"],
-              ph["narrow16_bal_ph"]):
-        m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
-        ptx = m.ptx.decode()
-        counts[v.name] = tuple(len(re.findall(p, ptx)) for p in pats)
-        r = m.resources[next(iter(m.resources))]
-        assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
-    (v2_b, s_b, h_b, ld_b), (v2_h, s_h, h_h, ld_h) = counts["seesaw_bal"], counts["seesaw_bal_ph"]
-    assert (v2_b - v2_h, s_h - s_b, h_b, h_h) == (64, 64, 0, 0) and ld_h * 2 == ld_b, counts
-    (v2_b, s_b, h_b, ld_b), (v2_h, s_h, h_h, ld_h) = counts["narrow16_bal"], counts["narrow16_bal_ph"]
-    assert (v2_b, v2_h, s_b - s_h, h_h - h_b) == (v2_h, v2_b, 32, 32) and ld_h * 2 == ld_b, counts
-
-
 def test_rotated_walk_experiment_variant(isolated_cache):
     """GQADRV_MLA_EXPERIMENTS=1 registers seesaw_bal_rot: seesaw_bal with MLA_ROTATE=1 (each item's pairs walked
     from a per-CTA offset, the last pair last), same source, entry, shared memory and schedule; it compiles

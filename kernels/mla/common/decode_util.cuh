@@ -222,46 +222,8 @@ GQADRV_DEVICE void store_partial1(float* p, float x) {
   *p = x;
 #endif
 }
-// MLA_PARTIAL_HALF=1 (an experiment of seesaw_bal and narrow16_bal, kernel_spec.half_partial_experiments): the
-// partial rows hold O / L in the q dtype in the first half of each 2 KB slot row (1 KB: half the bytes
-// stored and merged, as FlashInfer's MLA partials), {m, L} unchanged; the merge weighs them by
-// 2^(m - max) L / sum. The partial writers of the seesaw / dense_decode.cu (below) and of the narrow2 kernel
-// and merge_partials_from honour it: builds of kernels that write their own fp32 partials (dense_decode_narrow,
-// the FP8 kernels) must keep it 0.
-#ifndef MLA_PARTIAL_HALF
-#define MLA_PARTIAL_HALF 0
-#endif
-// One channel of a half partial row (MLA_PARTIAL_HALF): x (already O / L) in the q dtype at channel ch of the
-// partial row that starts at row (fp32 units: the slot layout of the fp32 partials; the row's first 1 KB).
-template <int DT>
-GQADRV_DEVICE void store_partial_half1(float* row, int ch, float x) {
-  u16* p = reinterpret_cast<u16*>(row) + ch;
-  const u16 v = (u16)(pack2<DT>(x, 0.f) & 0xffffu);
-#if MLA_PARTIAL_L2
-  st_b16_l2hint(p, v, l2_policy_evict_last());
-#else
-  *p = v;
-#endif
-}
-template <int DT>
 GQADRV_DEVICE void store_partial_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, long long slot0,
                                       int wg, int t) {
-#if MLA_PARTIAL_HALF
-  // word j of the thread's row: channels 256 wg + 8 j + 2 t (+1) as one packed pair (u32 word 128 wg + 4 j + t)
-  const float inv_lo = rp.L_lo > 0.f ? 1.f / rp.L_lo : 0.f, inv_hi = rp.L_hi > 0.f ? 1.f / rp.L_hi : 0.f;
-  if (rp.v_lo) {
-    float* dst = a.ws_o + (slot0 + rp.lo) * D_V + 128 * wg + t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      store_partial1(dst + 4 * j, __uint_as_float(pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo)));
-  }
-  if (rp.v_hi) {
-    float* dst = a.ws_o + (slot0 + rp.hi) * D_V + 128 * wg + t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      store_partial1(dst + 4 * j, __uint_as_float(pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi)));
-  }
-#else
   if (rp.v_lo) {
     float* dst = a.ws_o + (slot0 + rp.lo) * D_V + 256 * wg + 2 * t;
 #pragma unroll
@@ -272,7 +234,6 @@ GQADRV_DEVICE void store_partial_rows(const MlaDecodeArgs& a, const float (&o)[1
 #pragma unroll
     for (int j = 0; j < 32; ++j) store_partial2(dst + 8 * j, o[4 * j + 2], o[4 * j + 3]);
   }
-#endif
   if (wg == 0 && t == 0) {
     if (rp.v_lo) store_partial2(a.ws_ml + 2 * (slot0 + rp.lo), rp.m_lo, rp.L_lo);
     if (rp.v_hi) store_partial2(a.ws_ml + 2 * (slot0 + rp.hi), rp.m_hi, rp.L_hi);
@@ -320,7 +281,7 @@ GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long 
       ld_cg_f32x2(ml + 2LL * BM * sp, m, l);
       const float w = fast_exp2(m - mmax);
       L += w * l;
-      wts[tid * S + sp] = MLA_PARTIAL_HALF ? w * l : w;  // half partials are normalised (O / l)
+      wts[tid * S + sp] = w;
     }
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int sp = 0; sp < S; ++sp) wts[tid * S + sp] *= inv;
@@ -348,17 +309,9 @@ GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long 
       for (int k = 0; k < IPT; ++k) {
         const int item = base + k * NT;
         if (item < rows * (D_V / 8)) {
-#if MLA_PARTIAL_HALF
-          const float* p = a.ws_o + (part0 + (long long)sp * BM + (item >> 6)) * D_V + (item & 63) * 4;
-          float w4[4];
-          ld_cg_f32x4(p, w4[0], w4[1], w4[2], w4[3]);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) unpack2<DT>(__float_as_uint(w4[i]), v[k][2 * i], v[k][2 * i + 1]);
-#else
           const float* p = a.ws_o + (part0 + (long long)sp * BM + (item >> 6)) * D_V + (item & 63) * 8;
           ld_cg_f32x4(p, v[k][0], v[k][1], v[k][2], v[k][3]);
           ld_cg_f32x4(p + 4, v[k][4], v[k][5], v[k][6], v[k][7]);
-#endif
         } else {
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[k][i] = 0.f;
@@ -390,10 +343,9 @@ GQADRV_DEVICE void merge_partials_from(const MlaDecodeArgs& a, float* wts, long 
   // workspace arrays and every slot are 128-byte aligned: BM is a multiple of 16)
   sync();  // every thread's loads of the partials are done
   static_assert(BM % 16 == 0, "ws_ml blocks must fill whole 128-byte lines");
-  constexpr int LINES = MLA_PARTIAL_HALF ? D_V / 64 : D_V / 32;  // 128-byte lines a partial row uses
-  for (int i = tid; i < S * rows * LINES; i += NT) {
-    const int sp = i / (rows * LINES), rem = i - sp * (rows * LINES);
-    discard_l2_line(a.ws_o + (part0 + (long long)sp * BM + rem / LINES) * D_V + (rem % LINES) * 32);
+  for (int i = tid; i < S * rows * (D_V / 32); i += NT) {
+    const int sp = i / (rows * (D_V / 32)), rem = i - sp * (rows * (D_V / 32));
+    discard_l2_line(a.ws_o + (part0 + (long long)sp * BM + rem / (D_V / 32)) * D_V + (rem % (D_V / 32)) * 32);
   }
   for (int i = tid; i < S * (BM / 16); i += NT)
     discard_l2_line(a.ws_ml + 2 * (part0 + (long long)(i / (BM / 16)) * BM) + 32 * (i % (BM / 16)));

@@ -380,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 
   // ---- split > 1: this split's partial (written even when empty), then the ticket
   const long long bhm = ((long long)b * a.h_kv + kvh) * nmb + mb;
-  store_partial_rows<DT>(a, o, rp, (bhm * S + split) * MLA_BLOCK_M, wg, t);
+  store_partial_rows(a, o, rp, (bhm * S + split) * MLA_BLOCK_M, wg, t);
   if (!last_to_arrive(a, bhm, reinterpret_cast<u32*>(smem + OFF_TICKET), S, tid, [] { __syncthreads(); }))
     return;
 

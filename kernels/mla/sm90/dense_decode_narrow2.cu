@@ -421,8 +421,7 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
           }
       }
     } else {
-      // ---- a shared request: the fp32 partial (MLA_PARTIAL_HALF: O / l in the q dtype; written even when
-      // empty) and {m, l}, then the ticket
+      // ---- a shared request: the fp32 partial (written even when empty) and {m, l}, then the ticket
       const long long prow0 = (long long)it.slot * NQ;
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
@@ -430,22 +429,12 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
         for (int e = 0; e < 2; ++e) {
           const int n = 8 * j + 2 * t + e;
           if (n < rows) {
-#if MLA_PARTIAL_HALF  // O / L in the q dtype (experiment, decode_util.cuh)
-            const float inv = Lr[j][e] > 0.f ? 1.f / Lr[j][e] : 0.f;
-#pragma unroll
-            for (int mm = 0; mm < 4; ++mm)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                store_partial_half1<DT>(a.ws_o + (prow0 + n) * MLA_D_V, 64 * cb0 + 16 * w + g + 64 * mm + 8 * h,
-                                        inv * (cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e]));
-#else
             float* dst = a.ws_o + (prow0 + n) * MLA_D_V + 64 * cb0 + 16 * w + g;
 #pragma unroll
             for (int mm = 0; mm < 4; ++mm)
 #pragma unroll
               for (int h = 0; h < 2; ++h)
                 store_partial1(dst + 64 * mm + 8 * h, cu == 0 ? ot[mm][4 * j + 2 * h + e] : ot[4 + mm][4 * j + 2 * h + e]);
-#endif
             if (cu == 0 && w == 0 && g == 0) store_partial2(a.ws_ml + 2 * (prow0 + n), m_run[j][e], Lr[j][e]);
           }
         }

@@ -901,7 +901,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     continue;
   }
   // ---- a shared request: this item's partial (written even when empty), then the ticket
-  store_partial_rows<DT>(a, o, rp, (long long)w.slot * MLA_BLOCK_M, wg, t);
+  store_partial_rows(a, o, rp, (long long)w.slot * MLA_BLOCK_M, wg, t);
   const long long unit = ((long long)w.req * a.h_kv + kvh) * nmb + mb;
   if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), w.nsplit, tid,
                      [] { named_bar_sync(BAR_EPI, 256); }))
