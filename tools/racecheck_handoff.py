@@ -1,0 +1,78 @@
+"""What compute-sanitizer's racecheck reports on the shared-memory hand-offs our MLA kernels use,
+on a kernel small enough to read in full.
+
+    compute-sanitizer --tool racecheck --racecheck-report hazard python tools/racecheck_handoff.py VARIANT
+
+One CTA of 256 threads (two warpgroups), run once per VARIANT; warpgroup 1 writes 128 floats of
+shared memory, warpgroup 0 reads them, over ROUNDS rounds that reuse the same words (so a read of
+round r must come after round r's write and before round r+1's):
+
+  arrive_sync  writer: store; bar.arrive B1 / reader: bar.sync B1; load  (the seesaw's publish_max
+               hand-off; the reader tells the writer the words are free again with bar.arrive B2 /
+               bar.sync B2). The PTX memory model orders these (barrier arrive = release, sync = acquire).
+  sync_sync    the same with bar.sync on both sides of both barriers.
+  syncthreads  __syncthreads() between the write and the read, and between the read and the next write.
+  none         no barrier between the writer and the reader: a real race (the control; racecheck
+               must report it).
+
+The tool exits 0 when every value warpgroup 0 read equals what warpgroup 1 wrote in that round
+(the hand-off worked on this run), 1 otherwise; racecheck's verdict is in its own output.
+Run on a GPU with CuPy (NVRTC compiles the kernel). Results: docs/MLA.md ("racecheck on a minimal
+hand-off").
+"""
+
+from __future__ import annotations
+
+import sys
+
+ROUNDS = 8
+
+SOURCE = r"""
+#define BAR_SYNC(id) asm volatile("bar.sync %0, 256;" ::"n"(id) : "memory")
+#define BAR_ARRIVE(id) asm volatile("bar.arrive %0, 256;" ::"n"(id) : "memory")
+extern "C" __global__ void handoff(float* out, int variant) {
+  __shared__ float box[128];
+  const int wg = threadIdx.x >> 7, i = threadIdx.x & 127;
+  for (int r = 0; r < ROUNDS; ++r) {
+    const bool first = r == 0, last = r + 1 == ROUNDS;
+    if (variant == 0) {         // arrive_sync
+      if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_ARRIVE(1); }
+      else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_ARRIVE(2); }
+    } else if (variant == 1) {  // sync_sync
+      if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_SYNC(1); }
+      else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_SYNC(2); }
+    } else if (variant == 2) {  // syncthreads
+      if (wg == 1) box[i] = (float)(r * 1000 + i);
+      __syncthreads();
+      if (wg == 0) out[r * 128 + i] = box[i];
+      __syncthreads();
+    } else {                    // none: a real race
+      if (wg == 1) box[i] = (float)(r * 1000 + i);
+      else out[r * 128 + i] = box[i];
+    }
+  }
+}
+"""
+
+VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "none": 3}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in VARIANTS:
+        print(f"usage: racecheck_handoff.py {{{','.join(VARIANTS)}}}", file=sys.stderr)
+        return 2
+    import cupy as cp
+    import numpy as np
+
+    kernel = cp.RawKernel(SOURCE.replace("ROUNDS", str(ROUNDS)), "handoff")
+    out = cp.full(ROUNDS * 128, -1.0, dtype=cp.float32)
+    kernel((1,), (256,), (out, np.int32(VARIANTS[argv[0]])))
+    got = cp.asnumpy(out).reshape(ROUNDS, 128)
+    want = np.arange(ROUNDS)[:, None] * 1000.0 + np.arange(128)[None, :]
+    ok = bool((got == want).all())
+    print(f"{argv[0]}: values read {'==' if ok else '!='} values written in every round")
+    return 0 if ok or argv[0] == "none" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
