@@ -75,6 +75,7 @@ ROWS = ([PagedRow(p, b, n) for p in PAGES for b in BATCHES for n in LENGTHS]
 QUICK_ROWS = [PagedRow(1, 16, 4096), PagedRow(16, 16, 4096, SQ)]  # every code path, two rows
 
 
+PAGED_ALSO = ("hnd", "ordered")
 TAG_HELP = "page16/p16, page1/p1, b1, b16, b64, b128, 4k/l4096, 32k/l32768, sq1, sq4"
 
 
@@ -138,6 +139,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="--op gqa_paged: two smoke rows (p1 B16 L4K; p16 B16 L4K s_q4); --op gqa_fp8: two "
                         "rows (p16 B1 L4K; p16 B16 L4K)")
+    p.add_argument("--paged-also", nargs="+", default=[], choices=PAGED_ALSO, metavar="FORM",
+                   help="--op gqa_paged: also time the paged route on other forms of the same pages (diagnosis of "
+                        "the gap to the contiguous route): 'hnd' (the pools as [pages, Hkv, page, D]: a head's "
+                        "tokens of a page contiguous), 'ordered' (NHD pools with every request's pages in table "
+                        "order: table = 0, 1, 2, ...); results gqadrv_hnd / gqadrv_ordered, a second table")
 
 
 def _import_peers(args) -> None:
@@ -281,6 +287,38 @@ def _flashinfer(row: PagedRow, q, kc, vc, table, lengths, ref, timer: Timer, res
     measure("flashinfer_prefill", lambda: w.run(tq2, (tk, tv)))
 
 
+def _other_form(form: str, row: PagedRow, q, kc, vc, table, sl, ref, timer: Timer, res: dict, backend) -> None:
+    """``--paged-also``: the paged route on the same keys in another form, as ``gqadrv_<form>`` (max diff
+    against the default form's output). 'hnd': pools transposed to [pages, Hkv, page, D], same table;
+    'ordered': NHD pools whose page b * pages_per_request + j holds request b's j-th page, table in order."""
+    import cupy as cp
+    import numpy as np
+
+    import gqadrv
+
+    _free_memory()
+    need = 2 * kc.nbytes + (1 << 30)
+    if need > cp.cuda.runtime.memGetInfo()[0]:
+        res[f"gqadrv_{form}"] = {"error": f"skipped: the {form} copy needs {need / 1e9:.1f} GB"}
+        return
+    layout, bt = "NHD", cp.asarray(table)
+    if form == "hnd":
+        k2, v2, layout = cp.ascontiguousarray(kc.transpose(0, 2, 1, 3)), cp.ascontiguousarray(vc.transpose(0, 2, 1, 3)), "HND"
+    else:
+        flat = cp.asarray(table.reshape(-1))
+        k2, v2 = kc[flat], vc[flat]
+        bt = cp.asarray(np.arange(table.size, dtype=np.int32).reshape(table.shape))
+    o2 = cp.empty_like(q)
+
+    def prepare():
+        return gqadrv.prepare_gqa_decode_paged(q=q, k_cache=k2, v_cache=v2, block_table=bt, seq_lens=sl, out=o2,
+                                               kv_layout=layout, stream=_prepare_stream(), backend=backend)
+
+    name = f"gqadrv_{form}"
+    if _time_gqadrv(name, prepare, timer, res, row.label) and ref is not None:
+        res[name]["max_diff_vs_default"] = _max_diff(ref, o2)
+
+
 def _contiguous(row: PagedRow, q, kc, vc, bt, sl, lengths, ref, timer: Timer, res: dict, backend) -> None:
     """The contiguous route on a [B, 2, Hkv, L, D] copy of the pages (freed on return)."""
     import cupy as cp
@@ -334,6 +372,8 @@ def _measure(row: PagedRow, timer: Timer, args) -> dict:
         q1 = _randn_fp16(rs, (row.batch, HQ, D))
         o1 = cp.empty_like(q1)
         _time_gqadrv("gqadrv_sq1", lambda: _paged(row, q1, kc, vc, bt, sl, o1, False, backend), timer, res, row.label)
+    for form in getattr(args, "paged_also", None) or []:
+        _other_form(form, row, q, kc, vc, table, sl, ref, timer, res, backend)
     if not getattr(args, "no_peers", False) and "torch" in sys.modules and "flashinfer" in sys.modules:
         _flashinfer(row, q, kc, vc, table, lengths, ref, timer, res)
         _free_memory()
@@ -393,7 +433,30 @@ def format_table(meta: dict, rows: list) -> str:
                    f"{_pair(res, 'flashinfer_tc')} | {_pair(res, 'flashinfer_prefill')} | "
                    f"{speedup_cell(best_hot, g['hot_us'])} | {speedup_cell(best_cold, g['cold_us'])} | "
                    f"{g.get('route', '?')} / {g.get('num_splits', '?')} | {_diff_cell(res)} |")
-    return "\n".join(out + [""] + target_lines(rows))
+    return "\n".join(out + [""] + target_lines(rows) + _forms_table(rows))
+
+
+def _forms_table(rows: list) -> list[str]:
+    """``--paged-also``: the paged route on the other forms of the same pages beside the default NHD form and the
+    contiguous route (hot / cold µs; x contig = contiguous time / that form's time)."""
+    forms = [f for f in PAGED_ALSO if any(f"gqadrv_{f}" in r.get("results", {}) for r in rows)]
+    if not forms:
+        return []
+    out = ["", "Paged route on other forms of the same pages (hot / cold us; x contig hot / cold):", "",
+           "| row | NHD, random pages | " + " | ".join(FORM_TITLES[f] for f in forms) + " | contiguous |",
+           "|---|---|" + "---|" * len(forms) + "---|"]
+    for r in rows:
+        res = r.get("results", {})
+        if "hot_us" not in res.get("gqadrv", {}):
+            continue
+        c = res.get("gqadrv_contig", {})
+        cells = [f"{_pair(res, n)} ({_ratio_pair(c, res[n])})" if "hot_us" in res.get(n, {}) else _pair(res, n)
+                 for n in ["gqadrv"] + [f"gqadrv_{f}" for f in forms]]
+        out.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {_pair(res, 'gqadrv_contig')} |")
+    return out
+
+
+FORM_TITLES = {"hnd": "HND, random pages", "ordered": "NHD, pages in order"}
 
 
 def _t(res: dict, name: str, key: str):

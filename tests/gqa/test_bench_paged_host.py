@@ -149,3 +149,26 @@ def test_deterministic_target_misses_above_ten_percent():
     rows = [_row("p16 B64 L4K", 16, 64, gqadrv=_t(100.0, 100.0), gqadrv_det=_t(111.0, 105.0))]
     assert bp.target_lines(rows)[-1] == ("- B >= 16: deterministic time <= 1.10 x default (det/def): 0/1 rows; "
                                          "missed: p16 B64 L4K (1.11 / 1.05)")
+
+
+def test_other_forms_table_only_with_paged_also():
+    """--paged-also hnd / ordered: a second table with the paged route on the other forms of the same pages beside
+    the default form and the contiguous route; without those results the output has no such table, and the gqadrv_*
+    results never count as peers (x best FI unchanged)."""
+    args = cli.build_parser().parse_args(["bench", "--op", "gqa_paged", "--paged-also", "hnd", "ordered"])
+    assert args.paged_also == ["hnd", "ordered"]
+    assert cli.build_parser().parse_args(["bench", "--op", "gqa_paged"]).paged_also == []
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--op", "gqa_paged", "--paged-also", "chd"])
+    plain = bp.format_table(META, _fake_rows())
+    assert "other forms" not in plain
+    rows = _fake_rows()
+    rows[0]["results"].update(gqadrv_hnd=_t(98.0, 110.0, max_diff_vs_default=0.0), gqadrv_ordered=_t(80.0, 100.0))
+    text = bp.format_table(META, rows)
+    assert text.splitlines()[3] == plain.splitlines()[3]  # same main row, same best-FlashInfer ratios
+    tail = text.split("Paged route on other forms of the same pages")[1].splitlines()
+    assert tail[2] == "| row | NHD, random pages | HND, random pages | NHD, pages in order | contiguous |"
+    assert tail[4] == ("| p16 B16 L4K | 100.00 / 110.00 (0.98 / 1.00) | 98.00 / 110.00 (1.00 / 1.00) | "
+                       "80.00 / 100.00 (1.23 / 1.10) | 98.00 / 110.00 |")
+    assert tail[5] == "| p1 B16 L4K | 110.00 / 120.00 (0.90 / 0.83) | - | - | 99.00 / 100.00 |"
+    assert len(tail) == 7  # title, blank, header, rule + the three rows whose gqadrv ran (not the error row)
