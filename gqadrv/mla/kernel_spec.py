@@ -330,17 +330,18 @@ def partial_l2_experiments(schedule: dict) -> dict:
                 for base in bases)
 
 
-def rotate_experiments() -> dict:
-    """``seesaw_bal_rot``: seesaw_bal walking each item's pairs rotated by a per-CTA offset (the last pair, the
-    only one that may be partial, stays last; MLA_ROTATE=1 in dense_decode_seesaw.cu), so that the CTAs of a
-    uniform batch on sequential pages do not stream their equally strided requests in step (docs/MLA.md, "the
-    seesaw's two speeds"; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    return dict([_derived(KERNELS["seesaw_bal"], "rot", "a per-CTA rotation of each item's pair walk",
-                          (("MLA_ROTATE", 1),))])
+def arrive_handoff_experiments() -> dict:
+    """``seesaw_bal_arrive`` / ``seesaw_bal_arrive1``: seesaw_bal whose scale hand-offs between the consumer
+    warpgroups keep the writer's ``bar.arrive`` (MLA_SYNC_HANDOFF=0: SCALE0 and SCALE1; 1: SCALE0 only) instead
+    of the default full syncs; same values, bit-identical outputs; for compute-sanitizer racecheck and timing
+    comparisons (the default until 2026-12-06; experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    return dict(_derived(KERNELS["seesaw_bal"], suffix, f"writer-side bar.arrive on {what}",
+                         (("MLA_SYNC_HANDOFF", level),))
+                for level, suffix, what in ((0, "arrive", "SCALE0 and SCALE1"), (1, "arrive1", "SCALE0")))
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":
-    KERNELS.update(rotate_experiments())
+    KERNELS.update(arrive_handoff_experiments())
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
     KERNELS.update(l2_experiments())

@@ -401,28 +401,38 @@ def test_balanced_variants_keep_partials_in_l2_and_the_experiment_turns_it_off(i
         assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
 
 
-def test_rotated_walk_experiment_variant(isolated_cache):
-    """GQADRV_MLA_EXPERIMENTS=1 registers seesaw_bal_rot: seesaw_bal with MLA_ROTATE=1 (each item's pairs walked
-    from a per-CTA offset, the last pair last), same source, entry, shared memory and schedule; it compiles
-    without spills and computes the offset (a remainder by npairs - 1) where the default build does not."""
+def test_scale_handoffs_sync_by_default_and_the_arrive_experiments(isolated_cache):
+    """The seesaw's scale hand-offs between its consumer warpgroups are full named-barrier syncs by default
+    (MLA_SYNC_HANDOFF=2: compute-sanitizer racecheck reports the writer-arrive form as a race, docs/MLA.md);
+    GQADRV_MLA_EXPERIMENTS=1 registers seesaw_bal_arrive (MLA_SYNC_HANDOFF=0) and seesaw_bal_arrive1 (1): same
+    source, entry, shared memory and schedule, no spills, and one more bar.arrive (one fewer bar.sync) in the
+    consumer loop per hand-off they leave arriving."""
     import re
 
     from gqadrv.mla import kernel_spec
     from gqadrv.runtime.compiler import compile_module
 
-    rot = kernel_spec.rotate_experiments()
-    assert set(rot) == {"seesaw_bal_rot"}
-    v, base = rot["seesaw_bal_rot"], kernel_spec.KERNELS["seesaw_bal"]
-    assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_ROTATE=1)
-    assert (v.source, v.entry, v.smem_bytes, v.balanced, v.tma_boxes) == (
-        base.source, base.entry, base.smem_bytes, True, base.tma_boxes)
-    rems = {}
-    for k in (base, v):
-        m = compile_module(k.source, "sm_90a", k.defines("bfloat16"), cache=isolated_cache)
+    exp = kernel_spec.arrive_handoff_experiments()
+    assert set(exp) == {"seesaw_bal_arrive", "seesaw_bal_arrive1"}
+    base = kernel_spec.KERNELS["seesaw_bal"]
+    assert "MLA_SYNC_HANDOFF" not in dict(base.fixed_defines)  # the source's default (2)
+    counts = {}
+    for level, v in ((2, base), (1, exp["seesaw_bal_arrive1"]), (0, exp["seesaw_bal_arrive"])):
+        if level < 2:
+            assert dict(v.fixed_defines) == dict(base.fixed_defines, MLA_SYNC_HANDOFF=level)
+            assert (v.source, v.entry, v.smem_bytes, v.balanced, v.tma_boxes) == (
+                base.source, base.entry, base.smem_bytes, True, base.tma_boxes)
+        m = compile_module(v.source, "sm_90a", v.defines("bfloat16"), cache=isolated_cache)
         r = m.resources[next(iter(m.resources))]
-        assert r.spill_stores == 0 and r.spill_loads == 0, (k.name, r)
-        rems[k.name] = len(re.findall(r"\brem\.u32\b", m.ptx.decode()))
-    assert rems["seesaw_bal_rot"] > rems["seesaw_bal"], rems
+        assert r.spill_stores == 0 and r.spill_loads == 0, (v.name, r)
+        ptx = m.ptx.decode()
+        counts[level] = {op: len(re.findall(rf"\bbar(?:rier)?(?:\.cta)?\.{op}(?:\.aligned)?\s", ptx))
+                         for op in ("arrive", "sync")}
+    # default: only the P0 / P1 hand-offs arrive (their readers are wgmma, through the async proxy)
+    assert counts[2]["arrive"] == 2, counts
+    for level in (1, 0):
+        assert counts[level]["arrive"] == 4 - level, counts
+        assert counts[level]["sync"] == counts[2]["sync"] - (2 - level), counts
 
 
 def _ex2_fed_by_fma(ptx: str) -> int:

@@ -102,12 +102,17 @@
 //           after their full waits covers these generic writes, as for cp.async data. Order per pair:
 //           issue K0 lo, issue K1 hi, convert K0 lo, issue K0 hi, convert K1 hi, issue K1 lo (after
 //           WG0 read K0 lo), convert K0 hi, convert K1 lo: no wait depends on a later conversion.
-// Barriers  named (256 consumer threads, one side arrives, the other syncs), per pair:
+// Barriers  named (256 consumer threads; P0 / P1: one side arrives, the other syncs), per pair:
 //           1 SCALE0  WG0 -> WG1: sM = m0 and sScale0 = a0 written
 //           2 SCALE1  WG1 -> WG0: sM = m1 and sScale1 = a1 written
 //           3 P0      WG0 -> WG1: sP0 written (+ proxy fence)
 //           4 P1      WG1 -> WG0: sP1 written (+ proxy fence) and WG1's SS P V issued
 //           5 EPI     epilogue (all 256 consumer threads; the producer warpgroup has exited)
+//           SCALE0 and SCALE1 are full syncs on both sides (MLA_SYNC_HANDOFF=2, the default): the
+//           writer's bar.arrive (release) before the reader's bar.sync (acquire) is ordered by the PTX
+//           memory model, but compute-sanitizer racecheck reports it as a race (tools/racecheck_handoff.py
+//           shows it on a 20-line kernel); with both sides syncing it reports none, at no measured cost
+//           (docs/MLA.md). MLA_SYNC_HANDOFF=0 (experiment seesaw_bal_arrive) keeps both writers arriving.
 //           A release (empty barrier) is issued only when the next pair exists, so the k-th fill of a
 //           block waits for exactly k completions (parity (k & 1) ^ 1).
 // Masking   logits of keys >= the row's limit are set to -inf (unscaled; tile64_ops.cuh mask_row_max);
@@ -117,10 +122,6 @@
 //           takes an acq_rel ticket, and the last CTA merges (then resets the counter to 0). Balanced
 //           builds (MLA_PARTIAL_L2=1): partial stores with an L2 evict_last policy, the merged partials'
 //           lines discarded from L2 (decode_util.cuh store_partial*, merge_partials_from).
-// Rotation  MLA_ROTATE=1 (experiment seesaw_bal_rot, balanced TMA build only): the producer and both
-//           consumer warpgroups walk an item's first npairs - 1 pairs from pair (37 blockIdx.x) mod (npairs - 1),
-//           wrapping around, and its last pair last (walk_pair); barrier phases and releases follow the walk
-//           index as before, tile positions (masks, zeroed tail rows, block-table reads) the walked pair.
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
 //           consumer thread 0 and the TMA thread, and the CTA's SM (%smid, MLA_MARK_SM) in slot 15
 //           (decode_util.cuh); compiled out otherwise.
@@ -209,33 +210,15 @@ constexpr u32 Q_LOADERS = MLA_TMA_K ? 96u : 128u;
 // the split grid's single item keeps the releases to pairs that have a successor.
 constexpr bool RELEASE_LAST = MLA_BALANCED != 0;
 static_assert(!MLA_BALANCED || MLA_TMA_K, "the balanced schedule is built on the TMA producer");
-#ifndef MLA_ROTATE
-#define MLA_ROTATE 0
+#ifndef MLA_SYNC_HANDOFF
+#define MLA_SYNC_HANDOFF 2
 #endif
-static_assert(!MLA_ROTATE || (MLA_BALANCED && MLA_TMA_K), "MLA_ROTATE is an experiment of the balanced TMA build");
-// Pair walk order of an item of npairs pairs (MLA_ROTATE=1, experiment seesaw_bal_rot): the first npairs - 1
-// pairs rotated by rot (the CTA's stagger), the last pair (the only one that may hold tokens >= tok_end) last,
-// so every absolute test (masking, zeroed tail rows) is unchanged. The CTAs of a uniform batch then stream
-// their equally strided requests at different offsets instead of in step (docs/MLA.md, "the seesaw's two
-// speeds"); the row blocks of one request (same blockIdx.x) keep one order, so the second reads from L2.
-GQADRV_DEVICE int item_rotation(int npairs) {
-#if MLA_ROTATE
-  return npairs > 1 ? (int)(((unsigned)blockIdx.x * 37u) % (unsigned)(npairs - 1)) : 0;
-#else
-  (void)npairs;
-  return 0;
-#endif
-}
-GQADRV_DEVICE int walk_pair(int it, int npairs, int rot) {
-#if MLA_ROTATE
-  if (it == npairs - 1) return it;
-  const int r = it + rot;
-  return r < npairs - 1 ? r : r - (npairs - 1);
-#else
-  (void)npairs;
-  (void)rot;
-  return it;
-#endif
+// The writer's side of a scale hand-off (SCALE1: level 1, SCALE0: level 2): sync when MLA_SYNC_HANDOFF >= level,
+// else arrive.
+template <int LEVEL>
+GQADRV_DEVICE void handoff_publish(u32 bar) {
+  if (MLA_SYNC_HANDOFF >= LEVEL) named_bar_sync(bar, 256);
+  else named_bar_arrive(bar, 256);
 }
 #ifndef MLA_LAZY_LOG2
 #define MLA_LAZY_LOG2 8  // the running max moves only when a tile's max exceeds it by more than this (log2 units)
@@ -538,26 +521,16 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         mbar_arrive(q_bar(sb));
       } else {
         const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
-#if MLA_ROTATE
-        const int rot = item_rotation(npairs);
-        TileSrc s0 = tile_src(a, bt_row, t_beg + 2 * walk_pair(0, npairs, rot), tok_end);
-        TileSrc s1 = tile_src(a, bt_row, t_beg + 2 * walk_pair(0, npairs, rot) + 1, tok_end);
-#else
         TileSrc s0 = tile_src(a, bt_row, t_beg, tok_end);
         TileSrc s1 = tile_src(a, bt_row, t_beg + 1, tok_end);
-#endif
 #pragma unroll 1
         for (int it = 0; it < npairs; ++it) {
+          const int T0 = t_beg + 2 * it;
           const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
           const bool nxt = it + 1 < npairs;
           // next pair's block-table entries, one pair ahead (in flight during the empty waits)
-#if MLA_ROTATE
-          const int Tn = t_beg + 2 * walk_pair(it + 1, npairs, rot);
-#else
-          const int Tn = t_beg + 2 * it + 2;
-#endif
-          const TileSrc n0 = nxt ? tile_src(a, bt_row, Tn, tok_end) : s0;
-          const TileSrc n1 = nxt ? tile_src(a, bt_row, Tn + 1, tok_end) : s1;
+          const TileSrc n0 = nxt ? tile_src(a, bt_row, T0 + 2, tok_end) : s0;
+          const TileSrc n1 = nxt ? tile_src(a, bt_row, T0 + 3, tok_end) : s1;
           mbar_wait_wd(empty_bar(sb, 0, 0), pe);
           tma_half<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), &k_lo, s0, kvh);
           mbar_wait_wd(empty_bar(sb, 1, 1), pe);
@@ -709,10 +682,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 
     if (wg == 0) {
       // =============================================================== warpgroup 0
-      const int rot = item_rotation(npairs);
 #pragma unroll 1
       for (int it = 0; it < npairs; ++it) {
-        const int T0 = t_beg + 2 * walk_pair(it, npairs, rot);
+        const int T0 = t_beg + 2 * it;
         const bool nxt = it + 1 < npairs;
         const u32 ph = (u32)((gp + it) & 1);
         // softmax of S0 against the shared running max
@@ -728,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         l_hi = l_hi * a0_hi + sum_hi;
         u32 pa[16];
         pack_pa(pa, s, 1.f, 1.f);
-        named_bar_arrive(BAR_SCALE0, 256);
+        handoff_publish<2>(BAR_SCALE0);
         if (warp_rescales(a0_lo, a0_hi)) scale_o(o, a0_lo, a0_hi);
 #if MLA_TMA_K
         if (tok_end - T0 * 64 < 64) zero_tail_rows(sb + OFF_K0, 0, tok_end - T0 * 64, tid, BAR_WG0);
@@ -790,10 +762,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       }
     } else {
       // =============================================================== warpgroup 1
-      const int rot = item_rotation(npairs);
 #pragma unroll 1
       for (int it = 0; it < npairs; ++it) {
-        const int T1 = t_beg + 2 * walk_pair(it, npairs, rot) + 1;
+        const int T1 = t_beg + 2 * it + 1;
         const bool nxt = it + 1 < npairs;
         const u32 ph = (u32)((gp + it) & 1);
         float mx_lo, mx_hi;
@@ -804,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
         const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
         publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
-        named_bar_arrive(BAR_SCALE1, 256);
+        handoff_publish<1>(BAR_SCALE1);
         float sum_lo, sum_hi;
         exp_rows(s, sc, mn_lo, mn_hi, sum_lo, sum_hi);
         l_lo = l_lo * f_lo + sum_lo;
