@@ -3,7 +3,7 @@ on a kernel small enough to read in full.
 
     compute-sanitizer --tool racecheck --racecheck-report hazard python tools/racecheck_handoff.py VARIANT
 
-One CTA of 256 threads (two warpgroups), run once per VARIANT; warpgroup 1 writes 128 floats of
+One CTA of 256 threads (two warpgroups; 384 for sync_sync_384), run once per VARIANT; warpgroup 1 writes 128 floats of
 shared memory, warpgroup 0 reads them, over ROUNDS rounds that reuse the same words (so a read of
 round r must come after round r's write and before round r+1's):
 
@@ -17,6 +17,10 @@ round r must come after round r's write and before round r+1's):
                pattern, with generic stores where they have cp.async).
   none         no barrier between the writer and the reader: a real race (the control; racecheck
                must report it).
+  sync_sync_384 as sync_sync in a CTA of 384 threads whose third warpgroup returns at once, so the
+               256-thread named barriers cover part of the CTA (as the MLA kernels' consumer barriers,
+               whose producer warpgroup runs its own loop): narrow2's reports (docs/MLA.md) lie across such
+               a barrier, written with an immediate barrier id.
 
 The tool exits 0 when every value warpgroup 0 read equals what warpgroup 1 wrote in that round
 (the hand-off worked on this run), 1 otherwise; racecheck's verdict is in its own output.
@@ -52,12 +56,13 @@ extern "C" __global__ void handoff(float* out, int variant) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (wg == 2) return;  // sync_sync_384: the third warpgroup takes no further part
   for (int r = 0; r < ROUNDS; ++r) {
     const bool first = r == 0, last = r + 1 == ROUNDS;
     if (variant == 0) {         // arrive_sync
       if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_ARRIVE(1); }
       else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_ARRIVE(2); }
-    } else if (variant == 1) {  // sync_sync
+    } else if (variant == 1 || variant == 5) {  // sync_sync (5: in a CTA of 384 threads)
       if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_SYNC(1); }
       else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_SYNC(2); }
     } else if (variant == 2) {  // syncthreads
@@ -76,7 +81,7 @@ extern "C" __global__ void handoff(float* out, int variant) {
 }
 """
 
-VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "none": 4}
+VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "none": 4, "sync_sync_384": 5}
 
 
 def main(argv: list[str]) -> int:
@@ -88,7 +93,7 @@ def main(argv: list[str]) -> int:
 
     kernel = cp.RawKernel(SOURCE.replace("ROUNDS", str(ROUNDS)), "handoff")
     out = cp.full(ROUNDS * 128, -1.0, dtype=cp.float32)
-    kernel((1,), (256,), (out, np.int32(VARIANTS[argv[0]])))
+    kernel((1,), (384 if argv[0] == "sync_sync_384" else 256,), (out, np.int32(VARIANTS[argv[0]])))
     got = cp.asnumpy(out).reshape(ROUNDS, 128)
     want = np.arange(ROUNDS)[:, None] * 1000.0 + np.arange(128)[None, :]
     ok = bool((got == want).all())
