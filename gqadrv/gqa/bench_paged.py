@@ -75,7 +75,8 @@ ROWS = ([PagedRow(p, b, n) for p in PAGES for b in BATCHES for n in LENGTHS]
 QUICK_ROWS = [PagedRow(1, 16, 4096), PagedRow(16, 16, 4096, SQ)]  # every code path, two rows
 
 
-PAGED_ALSO = ("hnd", "ordered")
+FORM_TITLES = {"hnd": "HND, random pages", "ordered": "NHD, pages in order"}  # --paged-also forms, table titles
+PAGED_ALSO = tuple(FORM_TITLES)
 TAG_HELP = "page16/p16, page1/p1, b1, b16, b64, b128, 4k/l4096, 32k/l32768, sq1, sq4"
 
 
@@ -454,9 +455,6 @@ def _forms_table(rows: list) -> list[str]:
                  for n in ["gqadrv"] + [f"gqadrv_{f}" for f in forms]]
         out.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {_pair(res, 'gqadrv_contig')} |")
     return out
-
-
-FORM_TITLES = {"hnd": "HND, random pages", "ordered": "NHD, pages in order"}
 
 
 def _t(res: dict, name: str, key: str):

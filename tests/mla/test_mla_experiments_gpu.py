@@ -116,7 +116,7 @@ ORACLE_AB_HELPERS = textwrap.dedent("""
         raise SystemExit(1 if failures else 0)
 """)
 
-SYNC_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
+ARRIVE_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
     # (page, b, s_q, h_q, lengths, splits, causal, dtype): uniform (whole requests), spread and skewed (cut)
     # batches, causal s_q 2 and 4, partial last tiles, one- and two-pair items, empty and over-capacity
     # lengths, a forced split count, h_q 32 / 64 / 128; NaN in unused rows
@@ -150,6 +150,6 @@ def test_arrive_handoff_builds_match_the_oracle_and_the_default_bit_for_bit():
     and seesaw_bal on uniform, spread and skewed batches, causal s_q 2 and 4, partial last tiles, one- and
     two-pair items, empty and over-capacity lengths, a forced split count, h_q 32 / 64 / 128: out / lse
     bit-identical to seesaw_bal, three launches of each prepared object bit-identical."""
-    r = _run_experiment_script(SYNC_SCRIPT, 900)
+    r = _run_experiment_script(ARRIVE_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
