@@ -174,6 +174,7 @@ def _mla_routes(cp, gqadrv, rng) -> int:
                                        ("narrow16x2_tma", 3, 1, 64), ("narrow16x2_tma", 1, 1, 256),
                                        ("narrow16_bal", None, 1, 64), ("narrow16_bal", 2, 1, 128),
                                        ("seesaw_bal", None, 1, 64), ("seesaw_bal", 2, 2, 128),
+                                       ("seesaw_bal_cp", None, 1, 16), ("seesaw_bal_cp", 2, 2, 1),
                                        ("wgmma", 1, 1, 64), ("wgmma", 3, 2, 16), ("mma", 3, 1, 1), ("mma", 1, 2, 32)):
         run_as = _run_as(backend)
         if run_as is None:
@@ -187,7 +188,7 @@ def _mla_routes(cp, gqadrv, rng) -> int:
         bad += not ok
         print(f"mla {run_as:10s} splits={splits} s_q={s_q} page={page} max err {err:.2e} {'OK' if ok else 'FAIL'}")
     # balanced grid on a uniform batch of k = 2 requests per CTA (the whole-request chunk, no cuts)
-    for backend, h_q in (("seesaw_bal", 64), ("narrow16_bal", 16)):
+    for backend, h_q in (("seesaw_bal", 64), ("narrow16_bal", 16), ("seesaw_bal_cp", 64)):
         run_as = _run_as(backend)
         if run_as is None:
             continue
@@ -238,7 +239,7 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
     bad_idx = np.array([-1, -(2**31), 2**31 - 1, nb * page, 2147480000, -123456], np.int32)
     for fp8, backend, splits, s_q in ((True, "seesaw_fp8", 1, 2), (True, "seesaw_fp8", 3, 1), (True, "mma_fp8", 3, 2),
                                       (True, "narrow16_fp8", 3, 1), (True, "wide64_fp8", 3, 2), (False, "seesaw", 3, 2),
-                                      (False, "mma", 1, 1)):
+                                      (False, "seesaw_bal_cp", None, 2), (False, "mma", 1, 1)):
         run_as = _run_as(backend)
         if run_as is None:
             continue
@@ -281,6 +282,37 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
         bad += not ok
         print(f"mla sparse {'fp8 ' if fp8 else 'bf16'} {run_as:10s} splits={splits} s_q={s_q} max err {err:.2e} "
               f"lse {lerr:.2e} {'OK' if ok else 'FAIL'}")
+    return bad + _sparse_prefill_routes(cp, gqadrv, rng)
+
+
+def _sparse_prefill_routes(cp, gqadrv, rng) -> int:
+    """Sparse prefill on the balanced grid without cuts (seesaw_bal_cp, seesaw_nope_bal for d_qk 512):
+    every kind of invalid index, NaN in unreferenced kv rows, a row without any valid index."""
+    import ml_dtypes
+
+    from gqadrv.mla.sparse_reference import sparse_prefill_reference
+
+    bad = 0
+    s_q, h_q, s_kv, topk = 9, 16, 150, 70
+    for d_qk in (576, 512):
+        run_as = _run_as("seesaw_bal_cp")
+        if run_as is None:
+            continue
+        kv = (rng.standard_normal((s_kv, 1, d_qk)) / 4).astype(ml_dtypes.bfloat16)
+        q = (rng.standard_normal((s_q, h_q, d_qk)) / 4).astype(ml_dtypes.bfloat16)
+        idx = rng.integers(0, s_kv, size=(s_q, 1, topk)).astype(np.int32)
+        idx[:, :, ::4] = np.array([-1, -(2**31), 2**31 - 1, s_kv, 2147480000], np.int32)[rng.integers(0, 5, size=idx[:, :, ::4].shape)]
+        idx[3] = -1
+        used = np.zeros(s_kv, bool)
+        used[idx[(idx >= 0) & (idx < s_kv)]] = True
+        kv[~used] = np.nan
+        o, mx, lse = gqadrv.flash_mla_sparse_fwd(cp.asarray(q), cp.asarray(kv), cp.asarray(idx), 0.1, backend=run_as)
+        ro, rm, rl = sparse_prefill_reference(q, kv, idx, 0.1, 512)
+        err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
+        ok = (err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
+              and not np.isnan(cp.asnumpy(o).astype(np.float32)).any())
+        bad += not ok
+        print(f"mla sparse prefill d_qk {d_qk} {run_as:10s} max err {err:.2e} {'OK' if ok else 'FAIL'}")
     return bad
 
 

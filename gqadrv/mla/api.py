@@ -217,7 +217,7 @@ def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_row
     gather, finish = _sparse.kernels(sp)
     chunks = _sparse.row_chunks(sp)
     probe = _sparse.dense_problem(sp, 0, 0, 0, 0, chunks[0][1], max_offset)
-    variant, loaded = _plan.route(probe, backend, balanced_ok=False)
+    variant, loaded = _plan.route(probe, backend)
     splits = _splits(probe, variant, num_splits, meta, sp.config())
     ws = make_ws({**_plan.workspace_sizes(probe, variant, splits), **_sparse.workspace_sizes(sp)}, _plan.WORKSPACE_ZERO)
     lse_rows = lse_rows_ptr(ws)

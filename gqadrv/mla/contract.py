@@ -52,6 +52,7 @@ class MlaProblem:
     kv_fp8: bool = False  # k_cache in FlashMLA's 656-byte FP8 format (is_fp8_kvcache=True)
     nope: bool = False    # d_qk 512: q / K rows of 512 channels, no RoPE (sparse prefill only)
     max_offset: int | None = None  # write max_logits at lse + max_offset (sparse prefill only)
+    no_cut: bool = False  # balanced grids keep every request on one CTA (FLAG_NO_CUT: the sparse paths' lists)
 
     @property
     def capacity(self) -> int:

@@ -66,6 +66,7 @@ MAX_SPLITS = 512
 PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
 FLAG_MAX_LOGITS = 2  # the kernels also write max(softmax_scale q.k) per row at lse + max_offset
+FLAG_NO_CUT = 4  # balanced grids: every request on one CTA (no partials; the sparse paths' short lists)
 VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
 VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a", "sm_110a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
@@ -210,6 +211,17 @@ KERNELS = {
         "near uniform, else an equal share of all requests' pairs of tiles (work_items.cuh); split partials "
         "kept in L2 until merged (MLA_PARTIAL_L2)",
         tma_boxes=(4, 5), balanced=True),
+    "seesaw_bal_cp": KernelVariant(
+        "seesaw_bal_cp", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1)), ("sm_90a",), None,
+        "the cp.async seesaw on the balanced persistent grid (work_items.cuh): pages of 1..32 tokens or layouts a "
+        "tensor map cannot describe at large batch, and the sparse paths' gathered lists (MLA_FLAG_NO_CUT: whole "
+        "requests only, no partials)", balanced=True),
+    "seesaw_nope_bal": KernelVariant(
+        "seesaw_nope_bal", "mla/sm90/dense_decode_seesaw.cu", "mla_dense_decode_seesaw", 384, 64, SEESAW_SMEM_BYTES,
+        (("MLA_NOPE", 1), ("MLA_BALANCED", 1), ("MLA_PARTIAL_L2", 1)), ("sm_90a",), None,
+        "seesaw_nope on the balanced persistent grid (the d_qk 512 sparse prefill's many short requests)",
+        nope=True, balanced=True),
     "narrow16": KernelVariant(
         "narrow16", "mla/sm90/dense_decode_narrow.cu", "mla_dense_decode_narrow", 256, 16,
         _narrow_used(16, _N16) + 1024, (("MLA_NQ", 16), ("MLA_NSLOT", _N16)), ("sm_90a",), 16,
@@ -304,10 +316,10 @@ def _derived(base: KernelVariant, suffix: str, what: str, extra: tuple) -> tuple
 
 
 def schedule_experiments() -> dict:
-    """The experiment variants (name -> KernelVariant) derived from every balanced variant."""
+    """The experiment variants (name -> KernelVariant) derived from every balanced TMA variant."""
     return dict(_derived(base, suffix, f"snap shift {snap}, whole slack shift {slack}, whole mode {whole} (schedule)",
                          (("MLA_SNAP_SHIFT", snap), ("MLA_WHOLE_SLACK_SHIFT", slack), ("MLA_WHOLE_MODE", whole)))
-                for base in DEFAULT_VARIANTS if base.balanced
+                for base in DEFAULT_VARIANTS if base.balanced and base.tma_boxes
                 for suffix, (snap, slack, whole) in SCHEDULE_EXPERIMENTS.items())
 
 
@@ -320,12 +332,12 @@ def l2_experiments() -> dict:
 
 
 def partial_l2_experiments(schedule: dict) -> dict:
-    """``<variant>_nopl2`` for every balanced variant and for its ``_cut32`` schedule experiment: the same
+    """``<variant>_nopl2`` for every balanced TMA variant and for its ``_cut32`` schedule experiment: the same
     build with MLA_PARTIAL_L2=0, i.e. split partials stored and read without cache hints and left to be
     written back (the default until 2026-12-05; the balanced variants keep partials in L2 until merged
     since then, 1.5-4.5 % faster on rows with cut requests, docs/RESULTS.md; experiment,
     GQADRV_MLA_EXPERIMENTS=1)."""
-    bases = [k for k in DEFAULT_VARIANTS if k.balanced] + [v for n, v in schedule.items() if n.endswith("_cut32")]
+    bases = [k for k in DEFAULT_VARIANTS if k.balanced and k.tma_boxes] + [v for n, v in schedule.items() if n.endswith("_cut32")]
     return dict(_derived(base, "nopl2", "MLA_PARTIAL_L2=0 (partials through DRAM)", (("MLA_PARTIAL_L2", 0),))
                 for base in bases)
 
@@ -399,8 +411,10 @@ def launch_geometry(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
     return (nmb * num_splits, h_kv, b), (kv.threads, 1, 1), kv.smem_bytes
 
 
-def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, variant: str = "wgmma") -> dict:
-    """Bytes of each workspace buffer. ws_o / ws_ml are 0 when num_splits == 1 (unused; pass 0).
+def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, variant: str = "wgmma",
+                    no_cut: bool = False) -> dict:
+    """Bytes of each workspace buffer. ws_o / ws_ml are 0 when num_splits == 1 or, on a balanced grid,
+    with ``no_cut`` (FLAG_NO_CUT: no request is shared, so no partial is written; pass 0).
 
     Layout: ws_o [b, h_kv, nmb, S, block_m, 512] fp32, ws_ml [b, h_kv, nmb, S, block_m, 2] fp32,
     counters [b, h_kv, nmb] u32 (block_m and nmb of the variant). counters must be zeroed once at
@@ -410,7 +424,7 @@ def workspace_sizes(b: int, s_q: int, h_q: int, h_kv: int, num_splits: int, vari
     bm = kv.block_m
     nmb = num_m_blocks(s_q, h_q, h_kv, variant)
     units = b * h_kv * nmb
-    if num_splits == 1:
+    if num_splits == 1 or (no_cut and kv.balanced):
         return {"ws_o": 0, "ws_ml": 0, "counters": 4 * units}
     # balanced grid: num_splits + b partial slots per (KV head, row block) group (work_items.cuh)
     rows = (h_kv * nmb * (num_splits + b) if kv.balanced else units * num_splits) * bm

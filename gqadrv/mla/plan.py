@@ -77,11 +77,11 @@ def large_batch(problem: MlaProblem) -> bool:
     return units * 4 >= _drv.device_info(problem.device).sm_count * 3
 
 
-def route(problem: MlaProblem, backend: str | None, balanced_ok: bool = True) -> tuple[_routes.MlaVariant, Loaded]:
-    """The variant and its loaded module. ``balanced_ok=False`` keeps the split grid (the sparse path,
-    whose dense launches run on gathered lists, measured on seesaw_tma)."""
+def route(problem: MlaProblem, backend: str | None) -> tuple[_routes.MlaVariant, Loaded]:
+    """The variant and its loaded module (routes.select_variant; the balanced grids where the batch
+    fills the SMs: ``large_batch``)."""
     use_tma = tma_ok(problem)
-    big = balanced_ok and large_batch(problem)
+    big = large_batch(problem)
     key = (problem.device, problem.dtype, problem.m_rows, backend, use_tma, problem.kv_fp8, problem.nope, big)
     hit = _routes_cache.get(key)
     if hit is None:
@@ -104,7 +104,8 @@ def default_splits(problem: MlaProblem, variant: _routes.MlaVariant) -> int:
 
 def workspace_sizes(problem: MlaProblem, variant: _routes.MlaVariant, splits: int) -> dict:
     """{name: (elements, type)} for ops.workspace (kernel_spec gives bytes)."""
-    nbytes = _ks.workspace_sizes(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits, variant.family.name)
+    nbytes = _ks.workspace_sizes(problem.b, problem.s_q, problem.h_q, problem.h_kv, splits, variant.family.name,
+                                 no_cut=problem.no_cut)
     return {"ws_o": (nbytes["ws_o"] // 4, "f32"), "ws_ml": (nbytes["ws_ml"] // 4, "f32"),
             "counters": (nbytes["counters"] // 4, "u32")}
 
@@ -129,8 +130,9 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
         "m_rows": problem.m_rows, "num_m_blocks": _ks.num_m_blocks(problem.s_q, problem.h_q, problem.h_kv, variant.family.name),
         "page_size": problem.page_size, "page_shift": _ks.page_shift(problem.page_size),
         "max_blocks": problem.max_blocks, "num_splits": splits,
-        "flags": (_ks.FLAG_CAUSAL if problem.causal else 0) | (_ks.FLAG_MAX_LOGITS if problem.max_offset is not None
-                                                               else 0),
+        "flags": ((_ks.FLAG_CAUSAL if problem.causal else 0)
+                  | (_ks.FLAG_MAX_LOGITS if problem.max_offset is not None else 0)
+                  | (_ks.FLAG_NO_CUT if problem.no_cut else 0)),
         "scale_log2": _ks.scale_log2(problem.softmax_scale),
         "max_offset": problem.max_offset if problem.max_offset is not None else 0,
     }

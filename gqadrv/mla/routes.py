@@ -12,7 +12,12 @@ capability, split counts. ``python -m gqadrv compile`` and the static tests read
   blocks fill 3/4 of the SMs (the split grid would then run every request on one CTA, so a single
   long request would set the time of the whole batch).
 * ``seesaw`` (sm_90a): the same schedule with a cp.async producer warpgroup; the default for pages
-  of 1..32 tokens or k_cache layouts a tensor map cannot describe.
+  of 1..32 tokens or k_cache layouts a tensor map cannot describe, at small batch.
+* ``seesaw_bal_cp`` / ``seesaw_nope_bal`` (sm_90a): the cp.async seesaw (576 / 512-channel rows) on
+  the balanced persistent grid; the default where ``seesaw`` / ``seesaw_nope`` would run and the
+  batch fills the SMs as for seesaw_bal: dense caches a tensor map cannot describe, and the sparse
+  decode / prefill on their gathered lists (with ``FLAG_NO_CUT``: every list on one CTA, no partials),
+  where the persistent CTAs load the next list's Q and first tiles while they finish the previous one.
 * ``narrow16x2_tma`` / ``narrow16_bal`` (sm_90a): tokens as the wgmma M dimension for M <= 16 packed
   rows (e.g. h_q 16, s_q 1), two consumer warpgroups on alternate 64-token tiles, pieces by TMA; on
   the split grid / the balanced persistent grid. The default for M <= 16 when k_cache is
@@ -73,6 +78,12 @@ FAMILIES = {
     for name, k in _ks.KERNELS.items()
 }
 BACKENDS = ("auto", *FAMILIES)
+# d_qk 512 (nope) problems: the build a backend name stands for (the nope builds stand for themselves).
+NOPE_BUILDS = {"seesaw": "seesaw_nope", "mma": "mma_nope", "seesaw_bal_cp": "seesaw_nope_bal",
+               **{n: n for n, f in FAMILIES.items() if f.nope}}
+# The cp.async seesaw builds and their balanced-grid forms (routed when the batch fills the SMs and no
+# tensor map can describe k_cache: pages of 1..32 tokens, other strides, the sparse paths' lists).
+BALANCED_CP = {"seesaw": "seesaw_bal_cp", "seesaw_nope": "seesaw_nope_bal"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +164,10 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
     elif FAMILIES[name].fp8:
         raise ValueError(f"MLA backend {name!r} reads the 656-byte FP8 cache: pass is_fp8_kvcache=True with it")
     elif nope:
-        base = name.removesuffix("_nope")
-        if base + "_nope" not in FAMILIES:
-            nope_names = sorted(n[:-5] for n, f in FAMILIES.items() if f.nope)
-            raise ValueError(f"MLA backend {name!r} reads 576-channel rows; d_qk 512 is served by {nope_names} "
-                             "(or 'auto')")
-        name = base + "_nope"
+        if name not in NOPE_BUILDS:
+            raise ValueError(f"MLA backend {name!r} reads 576-channel rows; d_qk 512 is served by "
+                             f"{sorted(NOPE_BUILDS)} (or 'auto')")
+        name = NOPE_BUILDS[name]
     elif FAMILIES[name].nope:
         raise ValueError(f"MLA backend {name!r} is the d_qk 512 build; it is chosen by d_qk, not by name")
     if name == "seesaw" and forced in (None, "auto") and tma_ok and not nope:
@@ -166,6 +175,8 @@ def select_variant(cc: tuple[int, int], dtype: str, m_rows: int, backend: str | 
             name = "narrow16_bal" if large_batch else "narrow16x2_tma"
         else:
             name = "seesaw_bal" if large_batch else "seesaw_tma"
+    elif name in BALANCED_CP and forced in (None, "auto") and large_batch:
+        name = BALANCED_CP[name]  # the cp.async seesaw on the balanced grid
     fam = FAMILIES[name]
     if fam.tma and not tma_ok:
         raise ValueError(f"MLA backend {name!r} needs a TMA-describable k_cache: pages of {_ks.TMA_MIN_PAGE}..256 "

@@ -350,7 +350,8 @@ def dense_problem(problem: SparseProblem, lists_ptr: int, counts_ptr: int, q_pac
     bt = _synthetic("lists", lists_ptr + 4 * row0 * cap, (rows, cap), (cap, 1), "int32", 4, dev, fw)
     ln = _synthetic("counts", counts_ptr + 4 * row0, (rows,), (1,), "int32", 4, dev, fw)
     return _contract.MlaProblem(rows, 1, h, 1, h, 1, 1, cap, problem.dtype, dev, qv, kv, bt, ln,
-                                problem.softmax_scale, False, problem.kv_fp8, nope=d == 512, max_offset=max_offset)
+                                problem.softmax_scale, False, problem.kv_fp8, nope=d == 512, max_offset=max_offset,
+                                no_cut=True)
 
 
 def row_chunks(problem: SparseProblem) -> list[tuple[int, int]]:

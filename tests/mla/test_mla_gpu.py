@@ -179,10 +179,20 @@ def _narrow_balanced_cases():
         [("narrow16_bal", c) for c in own]
 
 
-@pytest.mark.parametrize("backend,case", [(bk, c) for bk in ("seesaw_bal",) for c in _balanced_cases()] + _narrow_balanced_cases(),
+def _cp_balanced_cases():
+    """The balanced cases on pages of 1, 16 and 32 tokens (no tensor map: seesaw_bal_cp, the cp.async
+    producer walking the CTA's items; rows past a request's length are zero-filled by the copies)."""
+    return [("seesaw_bal_cp", (PAGES_CP[i % 3], *c[1:])) for i, c in enumerate(_balanced_cases())]
+
+
+PAGES_CP = (16, 1, 32)
+
+
+@pytest.mark.parametrize("backend,case", [(bk, c) for bk in ("seesaw_bal",) for c in _balanced_cases()]
+                         + _narrow_balanced_cases() + _cp_balanced_cases(),
                          ids=lambda c: c if isinstance(c, str) else f"p{c[0]}-b{c[1]}-s{c[2]}h{c[3]}kv{c[4]}-P{c[6]}")
 def test_balanced_grid(backend, case):
-    """seesaw_bal / narrow16_bal: every CTA takes k whole requests (near-uniform lengths) or an equal
+    """seesaw_bal / narrow16_bal / seesaw_bal_cp: every CTA takes k whole requests (near-uniform lengths) or an equal
     share of all requests' tile pairs (work_items.cuh); shared requests merge in the CTA that finishes
     last. Every input strided, NaN
     in unused pages, a second launch equal to the first (tickets reset), and a replay with other
@@ -211,6 +221,24 @@ def test_balanced_grid(backend, case):
     gqadrv.launch_prepared(p)
     ro, rl = mla_decode_reference(q, k, bt, ln2, 512, None, causal)
     check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, dtype, "balanced, new lengths")
+
+
+def test_small_pages_at_large_batch_take_the_balanced_cp_grid():
+    """Pages a tensor map cannot describe (here 16 tokens) route to seesaw_bal_cp once the batch fills the
+    SMs (b 128 x h_q 64), to the split-grid seesaw below that; both match the oracle, ragged lengths."""
+    import cupy as cp
+
+    import gqadrv
+
+    rng = np.random.default_rng(17)
+    for b, want in ((128, "seesaw_bal_cp"), (3, "seesaw")):
+        lens = list(rng.integers(0, 900, b))
+        q, k, bt, ln = make_case(rng, b, 1, 64, 1, 16, lens, "bfloat16")
+        p = gqadrv.prepare_mla_decode(cp.asarray(q), cp.asarray(k), cp.asarray(bt), cp.asarray(ln), 512)
+        assert p.route == f"mla_decode_{want}_bfloat16", (b, p.route)
+        o, lse = gqadrv.launch_prepared(p)
+        ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, False)
+        check(cp.asnumpy(o), cp.asnumpy(lse), ro, rl, "bfloat16", f"route {want}")
 
 
 def test_default_route_is_tma_for_large_pages_only():

@@ -122,6 +122,22 @@ def test_routes():
     assert routes.select_variant((9, 0), "bfloat16", 16, None, True, fp8=True, narrow_ok=False).family.name == "narrow16_fp8"
     with pytest.raises(ValueError, match="at most 16"):
         routes.select_variant((9, 0), "bfloat16", 17, "narrow16_bal", True)
+    # no tensor map (pages of 1..32, the sparse lists): the cp.async seesaw, on the balanced grid at large batch
+    assert routes.select_variant((9, 0), "bfloat16", 128, None, False, large_batch=True).family.name == "seesaw_bal_cp"
+    assert routes.select_variant((9, 0), "bfloat16", 8, None, False, large_batch=True).family.name == "seesaw_bal_cp"
+    assert routes.select_variant((9, 0), "bfloat16", 64, None, False, nope=True, large_batch=True).family.name == \
+        "seesaw_nope_bal"
+    assert routes.select_variant((9, 0), "bfloat16", 64, None, False, nope=True).family.name == "seesaw_nope"
+    assert routes.select_variant((9, 0), "bfloat16", 64, "seesaw", False, large_batch=True).family.name == "seesaw"
+    assert routes.select_variant((9, 0), "bfloat16", 64, "seesaw_bal_cp", False, nope=True).family.name == \
+        "seesaw_nope_bal"
+    with pytest.raises(ValueError, match="d_qk 512 is served by"):
+        routes.select_variant((9, 0), "bfloat16", 64, "wgmma", False, nope=True)
+    ws = kernel_spec.workspace_sizes(4096, 1, 64, 1, 132, "seesaw_bal_cp")
+    assert ws["ws_o"] == (132 + 4096) * 64 * 512 * 4  # cut requests: P + b partial slots per group
+    ws = kernel_spec.workspace_sizes(4096, 1, 64, 1, 132, "seesaw_bal_cp", no_cut=True)
+    assert ws["ws_o"] == ws["ws_ml"] == 0 and ws["counters"] == 4 * 4096
+    assert kernel_spec.workspace_sizes(8, 1, 64, 1, 3, "seesaw", no_cut=True)["ws_o"] > 0  # split grids: unaffected
     with pytest.raises(ValueError, match="TMA-describable"):
         routes.select_variant((9, 0), "bfloat16", 128, "seesaw_tma", False)
     ks = kernel_spec

@@ -189,6 +189,32 @@ def test_prefill_oracle_grid(case):
         assert cp.array_equal(a, b, equal_nan=True), f"{case.label}: not deterministic"
 
 
+@pytest.mark.parametrize("d_qk,h_q,want", [(576, 64, "seesaw_bal_cp"), (512, 128, "seesaw_nope_bal"),
+                                            (576, 16, "seesaw_bal_cp")])
+def test_many_query_tokens_take_the_balanced_grid_without_partials(d_qk, h_q, want):
+    """A prefill whose rows fill the SMs runs the dense kernel on the balanced persistent grid with
+    FLAG_NO_CUT (every row's list on one CTA, so the workspace holds no partial slots); ragged valid
+    counts (topk_length, invalid indices, rows without any valid index) against the oracle, twice."""
+    import cupy as cp
+
+    import gqadrv
+    from gqadrv.mla import kernel_spec as ks
+
+    c = PrefillCase(0, d_qk, h_q, 1840, 256, 701, sink=True, topk_length=True, invalid_rows=0.05)
+    q, kv, idx, sink, tl = make_inputs(np.random.default_rng(77 + h_q), c)
+    dq, dkv, di, ds, dt = (cp.asarray(a) for a in (q, kv, idx, sink, tl))
+    p = gqadrv.prepare_mla_sparse_fwd(dq, dkv, di, SCALE, attn_sink=ds, topk_length=dt)
+    assert p.route == f"mla_sparse_prefill+mla_decode_{want}_bfloat16", p.route
+    nmb = ks.num_m_blocks(1, h_q, 1, want)
+    one_partial = ks.BLOCK_M * ks.D_V * 4
+    assert ks.workspace_sizes(c.s_q, 1, h_q, 1, p.num_splits, want, no_cut=True)["ws_o"] == 0
+    assert p.workspace_bytes < one_partial * nmb + c.s_q * (c.topk * 4 + 64) + 4096 * 1024, p.workspace_bytes
+    ref = oracle(q, kv, idx, SCALE, sink, tl)
+    for rep in range(2):
+        gqadrv.launch_prepared(p)
+        check_prefill(p.output, ref, f"balanced {want} launch {rep}")
+
+
 def test_gpu_oracle_matches_the_numpy_reference():
     from gqadrv.mla.sparse_reference import sparse_prefill_reference
 

@@ -92,6 +92,12 @@ def test_dense_problem_reads_the_lists_as_one_token_pages(fp8):
     assert (f["q_stride_b"], f["q_stride_h"]) == (16 * 576, 576) and f["q"] == sp.q.ptr
     assert (f["b"], f["s_q"], f["m_rows"]) == (6, 1, 16)
     assert not mla_plan.tma_ok(dense)
+    # every list on one CTA of a balanced grid: the flag, and no partial slots in the workspace
+    assert dense.no_cut and f["flags"] & ks.FLAG_NO_CUT
+    if not fp8:
+        bal = MlaVariant(FAMILIES["seesaw_bal_cp"], "bfloat16")
+        sizes = mla_plan.workspace_sizes(dense, bal, 132)
+        assert sizes["ws_o"][0] == sizes["ws_ml"][0] == 0 and sizes["counters"][0] == 6
 
 
 def test_unmergeable_q_is_packed_and_flags_follow_the_features():

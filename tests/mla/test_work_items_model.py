@@ -65,23 +65,26 @@ def cta_of_unit(x, c, w, chunk, shift=None):
     return p
 
 
-def whole_k(ws, parts, sched=None):
+def whole_k(ws, parts, sched=None, no_cut=False):
     """k when the schedule gives every CTA k whole requests (k = ceil(b / P), every request at most
     (even + (even >> slack shift) + MERGE_COST) / k units, even = ceil(W / P); even / 4 by default),
     else 0 (the cut schedule; always with the whole mode off)."""
     _snap, slack, whole = DEFAULT_SCHED if sched is None else sched
+    if no_cut:  # MLA_FLAG_NO_CUT: never the whole mode
+        return 0
     b, total = len(ws), sum(ws)
     even = max((total + parts - 1) // parts, 1)
     k = (b + parts - 1) // parts
     return k if whole and all(k * w <= even + (even >> slack) + merge_cost() for w in ws) else 0
 
 
-def boundaries(ws, parts, sched=None):
-    """B_0 .. B_P of the schedule (balanced_start), and the chunk (0: whole requests)."""
+def boundaries(ws, parts, sched=None, no_cut=False):
+    """B_0 .. B_P of the schedule (balanced_start), and the chunk the walker sees (0: whole requests,
+    and with ``no_cut``: MLA_FLAG_NO_CUT snaps every boundary, 1 << 30 as its snapping chunk)."""
     shift = (DEFAULT_SCHED if sched is None else sched)[0]
     total = sum(ws)
     starts = np.concatenate([[0], np.cumsum(ws)])
-    k = whole_k(ws, parts, sched)
+    k = whole_k(ws, parts, sched, no_cut)
     if k:
         return [int(starts[min(q * k, len(ws))]) for q in range(parts + 1)], 0
     chunk = max((total + parts - 1) // parts, 1)
@@ -92,15 +95,15 @@ def boundaries(ws, parts, sched=None):
             out.append(total)
             continue
         i = int(np.searchsorted(starts, x, side="right") - 1)
-        out.append(snap_boundary(x, int(starts[i]), ws[i], chunk, shift))
-    return out, chunk
+        out.append(snap_boundary(x, int(starts[i]), ws[i], (1 << 30) if no_cut else chunk, shift))
+    return out, 0 if no_cut else chunk
 
 
-def items_of(lens, parts: int, p: int, cost: int, sched=None):
+def items_of(lens, parts: int, p: int, cost: int, sched=None, no_cut=False):
     """The items CTA p yields (BalancedWalker.next after balanced_start), as dicts."""
     shift = (DEFAULT_SCHED if sched is None else sched)[0]
     ws = [cost + npairs(x) for x in lens]
-    bnd, chunk = boundaries(ws, parts, sched)
+    bnd, chunk = boundaries(ws, parts, sched, no_cut)
     r0, r1 = bnd[p], bnd[p + 1]
     total = sum(ws)
     if r0 >= total:
@@ -265,6 +268,38 @@ def test_cut_loads_stay_within_the_snapping_tolerance(sched):
         assert max(loads) <= even + 2 * (even >> snap) + 2 * cost, (len(lens), parts, max(loads), even)
         if not whole:
             assert any(it["nsplit"] > 1 for p in range(parts) for it in items_of(lens, parts, p, cost, sched))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_no_cut_keeps_every_request_on_one_cta(seed):
+    """MLA_FLAG_NO_CUT (the sparse paths' lists): every request lies in one CTA's range (nsplit 1, no
+    partial slot), every pair is taken once, every request answered once, and no CTA gets more than
+    the even share plus one request (its two boundaries each move by at most half a request)."""
+    rng = np.random.default_rng(1000 + seed)
+    b = int(rng.integers(1, 5000))
+    kind = seed % 3
+    if kind == 0:    # top-k lists: up to 2048 keys, some rows without any
+        lens = np.where(rng.random(b) < 0.1, 0, rng.integers(1, 2049, b))
+    elif kind == 1:  # uniform lists
+        lens = np.full(b, int(rng.integers(0, 16385)))
+    else:            # a few long requests among short ones
+        lens = np.where(rng.random(b) < 0.02, rng.integers(1, 300000, b), rng.integers(0, 600, b))
+    parts = int(rng.choice([1, 7, 33, 66, 132, 512]))
+    sched = SCHEDS[seed % len(SCHEDS)]
+    cost = req_cost()
+    ws = [cost + npairs(x) for x in lens]
+    even = _even(list(lens), parts)
+    covered = [np.zeros(npairs(x), np.int32) for x in lens]
+    answered = np.zeros(b, np.int32)
+    for p in range(parts):
+        its = items_of(list(lens), parts, p, cost, sched, no_cut=True)
+        assert sum(it["npairs"] + cost for it in its) <= even + max(ws), (p, even, max(ws))
+        for it in its:
+            assert it["nsplit"] == 1
+            answered[it["req"]] += 1
+            covered[it["req"]][it["t_beg"] // 2: it["t_beg"] // 2 + it["npairs"]] += 1
+    assert np.all(answered == 1)
+    assert all(np.all(c == 1) for c in covered)
 
 
 def test_schedule_experiments_differ_from_the_default_where_meant():

@@ -36,6 +36,7 @@
 // args.flags bits
 #define MLA_FLAG_CAUSAL 1       // bottom-right causal mask (only meaningful for s_q > 1)
 #define MLA_FLAG_MAX_LOGITS 2   // also write each row's max logit (natural units) at lse + max_offset
+#define MLA_FLAG_NO_CUT 4       // balanced grid: never share a request between CTAs (work_items.cuh)
 
 struct MlaDecodeArgs {
   const u16* q;              // [b, s_q, h_q, 576]   strides q_stride_{b,s,h}, last dim contiguous

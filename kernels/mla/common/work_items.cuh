@@ -29,6 +29,11 @@
 //     holding unit x, cta(x), is floor(x / chunk) corrected for the two boundaries of x's request that
 //     may have moved (its first interior boundary to the start, its last to the end; a boundary
 //     further inside is more than the tolerance from both ends).
+//   * no cut (MLA_FLAG_NO_CUT, set by the host for the sparse paths, whose "requests" are short lists):
+//     the cut mode's boundaries, each snapped to the nearer end of its request whatever the distance,
+//     so every request lies in one CTA's range (the one holding its midpoint): no partials, no merges,
+//     and the workspace holds no partial slots; a CTA's share is off the even one by at most one
+//     request. The walker sees chunk 0 as in the whole mode.
 //   A request with pairs is shared by nsplit = cta(last pair) - cta(f_i) + 1 CTAs; only a CTA's
 //   first and last item can be shared. A request without pairs (length 0) is answered by the CTA
 //   whose range holds C_i (out 0, lse +inf). Partial slots: CTA p's share of request i uses slot p + i of the group's (P + b)
@@ -230,9 +235,10 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
   // MERGE_COST) / k units (the second barrier ANDs the test over the threads' requests).
   const int k_req = (a.b + parts - 1) / parts;
   const long long cap = (long long)even + (even >> MLA_WHOLE_SLACK_SHIFT) + MERGE_COST;
-  int fits = MLA_WHOLE_MODE;
+  const bool no_cut = (a.flags & MLA_FLAG_NO_CUT) != 0;
+  int fits = no_cut ? 0 : MLA_WHOLE_MODE;
 #pragma unroll 1
-  for (int i = i0; i < i1; ++i) {
+  for (int i = i0; fits && i < i1; ++i) {
     int len;
     fits &= (long long)k_req * (REQ_COST + request_pairs(a, i, last_row, len)) <= cap;
   }
@@ -266,9 +272,12 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
     return;
   }
   const int chunk = even;
+  // MLA_FLAG_NO_CUT: every boundary snaps to the nearer end of its request (a tolerance no request
+  // reaches), so no request is shared; the walker then sees chunk 0 (nsplit 1, no partials).
+  const int snap_chunk = no_cut ? (1 << 30) : chunk;
   const int x0 = p * chunk, x1 = (p + 1) * chunk;  // the CTA's boundaries before snapping
   if (tid == 0) {  // boundaries at or past the end
-    sched[NW + 4] = chunk;
+    sched[NW + 4] = no_cut ? 0 : chunk;
     if (x0 >= total) {
       sched[NW] = a.b;
       sched[NW + 1] = total;
@@ -285,12 +294,12 @@ GQADRV_DEVICE void balanced_start(const MlaDecodeArgs& a, int last_row, int p, i
       int len;
       const int w = REQ_COST + request_pairs(a, i, last_row, len);
       if (has0 && c <= x0 && x0 < c + w) {
-        const int s0 = snap_boundary(x0, c, w, chunk);
+        const int s0 = snap_boundary(x0, c, w, snap_chunk);
         sched[NW + 2] = s0;
         sched[NW] = s0 == c + w ? i + 1 : i;  // first request of the CTA and its cost start
         sched[NW + 1] = s0 == c + w ? c + w : c;
       }
-      if (has1 && c <= x1 && x1 < c + w) sched[NW + 3] = snap_boundary(x1, c, w, chunk);
+      if (has1 && c <= x1 && x1 < c + w) sched[NW + 3] = snap_boundary(x1, c, w, snap_chunk);
       c += w;
     }
   }

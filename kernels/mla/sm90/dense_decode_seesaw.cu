@@ -7,9 +7,11 @@
 //           (kernels/mla/common/work_items.cuh): split grid (nmb * S, h_kv, b), blockIdx.x = mb + nmb *
 //           split, one item = one whole-pair split of ceil(key_len / 64) tiles, key_len = the largest
 //           key limit of the block's valid rows (len, or len - (s_q - 1 - s_last) when causal); or, with
-//           MLA_BALANCED=1 (entry mla_dense_decode_seesaw_tma, route seesaw_bal), the balanced
+//           MLA_BALANCED=1 (TMA entry mla_dense_decode_seesaw_tma: route seesaw_bal; cp.async entry
+//           mla_dense_decode_seesaw: routes seesaw_bal_cp / seesaw_nope_bal), the balanced
 //           persistent grid (P, h_kv, nmb): the CTA walks its share of all requests' pairs, item by
-//           item (whole requests, or the end / start of a request shared with the neighbouring CTA).
+//           item (whole requests, or the end / start of a request shared with the neighbouring CTA;
+//           with MLA_FLAG_NO_CUT, the sparse paths' lists, whole requests only).
 //           Tiles go in pairs (T0 = even, T1 = odd tile of a pair). A pair's odd tile may lie past the
 //           item's token end tok_end: its rows are zero-filled and masked. Per item: Q load, pairs,
 //           epilogue (out / lse, or the fp32 partial and a ticket when the request is shared); the
@@ -64,7 +66,8 @@
 //           reading it, so Q K^T over the 9 blocks equals the 512-channel product.
 // Q / items q (count: the Q loaders) completes once per item with pairs; q_empty (count 8, one
 //           arrival per consumer warp once the item's last Q K^T retired) lets the Q loaders write the
-//           next item's Q. With MLA_BALANCED the consumers release every K half after its last
+//           next item's Q (cp.async balanced builds: the whole producer warpgroup, before the item's
+//           first K copies, which wait for the previous item's releases anyway). With MLA_BALANCED the consumers release every K half after its last
 //           reader, also after an item's last pair (the next item refills it); the split grid keeps
 //           releases to pairs with a successor. Merges won on shared requests run after the CTA's
 //           last item (no load in flight then; the merge weights use the K slots).
@@ -209,7 +212,7 @@ constexpr u32 Q_LOADERS = MLA_TMA_K ? 96u : 128u;
 // Release the K halves after an item's last pair too (the balanced schedule's next item refills them);
 // the split grid's single item keeps the releases to pairs that have a successor.
 constexpr bool RELEASE_LAST = MLA_BALANCED != 0;
-static_assert(!MLA_BALANCED || MLA_TMA_K, "the balanced schedule is built on the TMA producer");
+static_assert(!(MLA_BALANCED && MLA_FP8), "the balanced schedule is built on the TMA and cp.async bf16 / fp16 producers");
 #ifndef MLA_SYNC_HANDOFF
 #define MLA_SYNC_HANDOFF 2
 #endif
@@ -295,7 +298,6 @@ GQADRV_DEVICE void publish_max(float* sM, float* sSc, int r_lo, int r_hi, int t,
     sSc[r_hi] = a_hi;
   }
 }
-#if MLA_TMA_K
 // %ctaid.y (I = 1), %ctaid.z (I = 2) or %tid.x (I = 3) read again (volatile: never merged with an
 // earlier read, so the value is not kept live across setmaxnreg).
 template <int I>
@@ -306,6 +308,7 @@ GQADRV_DEVICE int ctaid_or_tid() {
   if (I == 3) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
   return v;
 }
+#if MLA_TMA_K
 
 // TMA mode: Q rows [row0, row0 + 64) of request `req` (rows >= M zero-filled) by producer warps 1..3
 // (x = 0..95): thread x copies 16-byte unit x & 7 of rows x / 8 + 12 k, every channel block.
@@ -549,8 +552,17 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       ++nq;
     }
 #else
-    // cp.async and FP8 producers: the split grid's single item (MLA_BALANCED needs MLA_TMA_K)
+    // cp.async and FP8 producers: every thread copies. Split grid: its single item; balanced grid
+    // (bf16 / fp16 only): the CTA's items in turn, each item's Q once the previous item's last Q K^T
+    // retired (q_empty), its pairs after the previous item's (the K phases run on over the CTA's pairs).
+#if MLA_BALANCED
+#pragma unroll 1
+    while (next_item(w, last_row)) {
+      if (w.npairs == 0) continue;
+      if (nq > 0) mbar_wait_wd(q_empty_bar(sb), (u32)(nq - 1) & 1u);  // the previous item's Q is dead
+#else
     if (next_item(w, last_row) && w.npairs > 0) {
+#endif
       const int npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
       const i32* bt_row = a.block_table + (long long)w.req * a.bt_stride;
       {  // Q rows of this block (rows >= M zero-filled): rows 16 pw + 4 q + (lane >> 3), every cb
@@ -616,9 +628,18 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         mbar_wait_wd(empty_bar(sb, 1, 0), pe);
         load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
       }
+#if !MLA_BALANCED
       cp_async_wait_all();
 #endif
+#endif
+#if MLA_BALANCED
+      gp += npairs;
+      ++nq;
+#endif
     }
+#if MLA_BALANCED
+    cp_async_wait_all();
+#endif
 #endif
   } else {
   // ===================================================================== consumer warpgroups
