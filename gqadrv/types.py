@@ -72,8 +72,8 @@ StreamLike = int | CudaStreamProtocol | HasCudaStream | HasPtr | CUstreamLike
 Backend = Literal["auto", "hopper", "tcgen05", "portable"]
 """``backend=`` of GQA decode (``gqa_decode``, ``prepare_gqa_decode``); None means 'auto'."""
 
-MlaBackend = Literal["auto", "seesaw", "seesaw_tma", "seesaw_bal", "narrow16", "narrow32", "narrow16_tma", "narrow32_tma",
-                     "narrow16x2_tma", "narrow16_bal", "narrow16_fp8", "wide64_fp8", "seesaw_fp8",
+MlaBackend = Literal["auto", "seesaw", "seesaw_tma", "seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal", "narrow16", "narrow32",
+                     "narrow16_tma", "narrow32_tma", "narrow16x2_tma", "narrow16_bal", "narrow16_fp8", "wide64_fp8", "seesaw_fp8",
                      "seesaw_nope", "wgmma", "mma", "mma_fp8", "mma_nope"]
 """``backend=`` of MLA decode (``flash_mla_with_kvcache``, ``prepare_mla_decode``); None means 'auto'."""
 

@@ -352,7 +352,16 @@ def arrive_handoff_experiments() -> dict:
                 for level, suffix, what in ((0, "arrive", "SCALE0 and SCALE1"), (1, "arrive1", "SCALE0")))
 
 
+def out_v16_experiments() -> dict:
+    """``<variant>_v16`` for the seesaw's TMA and cp.async balanced builds: the out rows stored as 16-byte
+    chunks after a transpose inside each quad (MLA_OUT_V16=1, decode_util.cuh store_row_v16) instead of one
+    4-byte store per pair of channels (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    return dict(_derived(KERNELS[name], "v16", "16-byte out stores (quad transpose)", (("MLA_OUT_V16", 1),))
+                for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal"))
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
+    KERNELS.update(out_v16_experiments())
     KERNELS.update(arrive_handoff_experiments())
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)

@@ -179,12 +179,42 @@ struct RowPair {
   float m_lo, m_hi;  // running max (log2 domain)
   float L_lo, L_hi;  // row sums
 };
+#ifndef MLA_OUT_V16
+#define MLA_OUT_V16 0  // 1: store_out_rows writes 16-byte chunks after a quad transpose (see below)
+#endif
+// One row's 256 channels of a warpgroup (its columns 8j + 2t, 8j + 2t + 1 of j = 0..31 held by lane t of
+// the row's quad as packed pairs p(j)) as 16-byte stores: per four j a 4 x 4 transpose inside the quad
+// (two shfl_xor stages) gives lane t the four pairs of j = 4k + t, i.e. columns 8(4k + t) .. + 7.
+// Every lane of the warp runs the shuffles; `store` (quad-uniform: one row per quad) gates the stores.
+// Rows must be 16-byte aligned (the output contracts require it).
+template <class Pair>
+GQADRV_DEVICE void store_row_v16(u16* row, int t, bool store, Pair p) {
+  const bool odd = t & 1, upper = t & 2;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    u32 a0 = p(4 * k), a1 = p(4 * k + 1), a2 = p(4 * k + 2), a3 = p(4 * k + 3);
+    // stage 1 (lanes t, t ^ 1): the elements whose index bit 0 differs from t's are the partner's i ^ 1
+    u32 r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1), r1 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 1);
+    if (odd) { a0 = r0; a2 = r1; } else { a1 = r0; a3 = r1; }
+    // stage 2 (lanes t, t ^ 2): the same for index bit 1
+    r0 = __shfl_xor_sync(0xffffffffu, upper ? a0 : a2, 2);
+    r1 = __shfl_xor_sync(0xffffffffu, upper ? a1 : a3, 2);
+    if (upper) { a0 = r0; a1 = r1; } else { a2 = r0; a3 = r1; }
+    if (store) *reinterpret_cast<U32x4*>(row + 8 * (4 * k + t)) = U32x4{a0, a1, a2, a3};
+  }
+}
 // S == 1: out = O / L (q dtype); lse (and max_logits) by store_row_stats (+inf and zeros for L == 0),
 // written by warpgroup 0. out_row(r) / lse_at(r): the out row / lse element of the block's row r.
 template <int DT, class OutRow, class LseAt>
 GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, int wg, int t,
                                   OutRow out_row, LseAt lse_at) {
   const float inv_lo = rp.L_lo > 0.f ? 1.f / rp.L_lo : 0.f, inv_hi = rp.L_hi > 0.f ? 1.f / rp.L_hi : 0.f;
+#if MLA_OUT_V16
+  store_row_v16(rp.v_lo ? out_row(rp.lo) + 256 * wg : nullptr, t, rp.v_lo,
+                [&](int j) { return pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo); });
+  store_row_v16(rp.v_hi ? out_row(rp.hi) + 256 * wg : nullptr, t, rp.v_hi,
+                [&](int j) { return pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi); });
+#else
   if (rp.v_lo) {
     u16* dst = out_row(rp.lo) + 256 * wg + 2 * t;
 #pragma unroll
@@ -197,6 +227,7 @@ GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128],
     for (int j = 0; j < 32; ++j)
       *reinterpret_cast<u32*>(dst + 8 * j) = pack2<DT>(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
   }
+#endif
   if (wg == 0 && t == 0) {
     if (rp.v_lo) store_row_stats(a, lse_at(rp.lo), rp.L_lo, rp.m_lo);
     if (rp.v_hi) store_row_stats(a, lse_at(rp.hi), rp.L_hi, rp.m_hi);
