@@ -352,16 +352,17 @@ def arrive_handoff_experiments() -> dict:
                 for level, suffix, what in ((0, "arrive", "SCALE0 and SCALE1"), (1, "arrive1", "SCALE0")))
 
 
-def out_v16_experiments() -> dict:
-    """``<variant>_v16`` for the seesaw's TMA and cp.async balanced builds: the out rows stored as 16-byte
-    chunks after a transpose inside each quad (MLA_OUT_V16=1, decode_util.cuh store_row_v16) instead of one
-    4-byte store per pair of channels (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    return dict(_derived(KERNELS[name], "v16", "16-byte out stores (quad transpose)", (("MLA_OUT_V16", 1),))
+def out_st4_experiments() -> dict:
+    """``<variant>_st4`` for the seesaw's TMA and cp.async balanced builds: the out rows stored as before
+    2026-12-06, one 4-byte store per pair of channels (MLA_OUT_V16=0), instead of the default 16-byte chunks
+    after a transpose inside each quad (decode_util.cuh store_row_v16); bit-identical outputs, for timing
+    comparisons (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
+    return dict(_derived(KERNELS[name], "st4", "4-byte out stores (MLA_OUT_V16=0)", (("MLA_OUT_V16", 0),))
                 for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal"))
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":
-    KERNELS.update(out_v16_experiments())
+    KERNELS.update(out_st4_experiments())
     KERNELS.update(arrive_handoff_experiments())
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)

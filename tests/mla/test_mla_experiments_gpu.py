@@ -5,7 +5,8 @@ on every launch of a prepared object (a discarded line must never be read again 
 The scripts run in a subprocess, since the experiment variants are registered when gqadrv.mla.kernel_spec is
 imported. ``seesaw_bal_arrive`` / ``_arrive1`` (MLA_SYNC_HANDOFF 0 / 1: the writer of a scale hand-off
 arrives on the named barrier instead of the default sync) hand over the same values: they must match the
-oracle and give out / lse bit-identical to seesaw_bal."""
+oracle and give out / lse bit-identical to seesaw_bal. ``<variant>_st4`` (MLA_OUT_V16=0: one 4-byte store per
+pair of output channels instead of the default 16-byte chunks) must give outputs bit-identical to the default."""
 
 from __future__ import annotations
 
@@ -155,9 +156,9 @@ def test_arrive_handoff_builds_match_the_oracle_and_the_default_bit_for_bit():
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
 
 
-V16_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
-    # the out stores' transpose (MLA_OUT_V16) changes where values go, never what they are: out / lse
-    # bit-identical to the base build; h_q 3 / 37 / 64 / 128 (partial row blocks: rows past M not stored),
+OUT_STORE_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
+    # the out stores' transpose (MLA_OUT_V16, the default) changes how values are stored, never what they are:
+    # out / lse of the 4-byte-store builds (_st4) bit-identical to the default builds; h_q 3 / 37 / 64 / 128 (partial row blocks: rows past M not stored),
     # s_q 2 causal, pages 1 / 16 / 64, empty and over-capacity lengths, one CTA (no cut) and cut requests
     cases = [
         ("seesaw_bal", 64, 128, 1, 64, [2048 + 17] * 128, None, False, "bfloat16"),
@@ -172,30 +173,31 @@ V16_SCRIPT = ORACLE_AB_HELPERS + textwrap.dedent("""
         cap = max(min(max(lens), 20000), 1)
         q, k, bt, ln = make_case(rng, b, s_q, h_q, 1, page, lens, dtype, max_blocks=-(-cap // page))
         ro, rl = mla_decode_reference(q, k, bt, ln, 512, None, causal)
-        res = {v: run_checked(f"case {i}", v, 2, q, k, bt, ln, causal, splits, ro, rl, dtype) for v in (base, base + "_v16")}
-        same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(res[base + "_v16"], res[base]))
-        print(f"case {i} {base}_v16 bit-identical to {base}: {same}")
+        res = {v: run_checked(f"case {i}", v, 2, q, k, bt, ln, causal, splits, ro, rl, dtype) for v in (base, base + "_st4")}
+        same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(res[base + "_st4"], res[base]))
+        print(f"case {i} {base}_st4 bit-identical to {base}: {same}")
         if not same:
-            failures.append(f"case {i} {base}_v16: out / lse not bit-identical to {base}")
-    # the d_qk 512 sparse prefill on seesaw_nope_bal and its _v16 build (forced by name)
+            failures.append(f"case {i} {base}_st4: out / lse not bit-identical to {base}")
+    # the d_qk 512 sparse prefill on seesaw_nope_bal and its _st4 build (forced by name)
     from gqadrv.mla.sparse_reference import sparse_prefill_reference
     rng = np.random.default_rng(9)
     q = cp.asarray((rng.standard_normal((300, 64, 512)) / 4).astype(np.float32)).astype("bfloat16")
     kv = cp.asarray((rng.standard_normal((400, 1, 512)) / 4).astype(np.float32)).astype("bfloat16")
     idx = cp.asarray(rng.integers(-3, 403, size=(300, 1, 100)).astype(np.int32))
-    outs = {v: gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.1, backend=v) for v in ("seesaw_nope_bal", "seesaw_nope_bal_v16")}
+    outs = {v: gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.1, backend=v) for v in ("seesaw_nope_bal", "seesaw_nope_bal_st4")}
     same = all(cp.array_equal(x, y, equal_nan=True) for x, y in zip(*outs.values()))
-    print(f"sparse prefill seesaw_nope_bal_v16 bit-identical: {same}")
+    print(f"sparse prefill seesaw_nope_bal_st4 bit-identical: {same}")
     if not same:
-        failures.append("sparse prefill seesaw_nope_bal_v16: not bit-identical")
+        failures.append("sparse prefill seesaw_nope_bal_st4: not bit-identical")
     finish()
 """)
 
 
-def test_out_v16_builds_are_bit_identical_to_their_bases():
-    """``<variant>_v16`` (16-byte out stores after a quad transpose, MLA_OUT_V16) against the float64 oracle
-    and bit for bit against seesaw_bal / seesaw_bal_cp / seesaw_nope_bal (partial row blocks, causal s_q 2,
-    pages 1 / 16 / 64, cut and whole requests, the d_qk 512 sparse prefill)."""
-    r = _run_experiment_script(V16_SCRIPT, 900)
+def test_out_store_builds_are_bit_identical():
+    """The default 16-byte out stores (a transpose inside each quad, MLA_OUT_V16) and the 4-byte-store
+    experiment builds ``<variant>_st4``, against the float64 oracle and bit for bit against each other:
+    seesaw_bal / seesaw_bal_cp / seesaw_nope_bal (partial row blocks, causal s_q 2, pages 1 / 16 / 64, cut
+    and whole requests, the d_qk 512 sparse prefill)."""
+    r = _run_experiment_script(OUT_STORE_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

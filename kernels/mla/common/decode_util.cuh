@@ -180,8 +180,10 @@ struct RowPair {
   float L_lo, L_hi;  // row sums
 };
 #ifndef MLA_OUT_V16
-#define MLA_OUT_V16 0  // 1: store_out_rows writes 16-byte chunks after a quad transpose (see below)
+#define MLA_OUT_V16 1  // store_out_rows: 16-byte chunks after a quad transpose (0: one 4-byte store per pair)
 #endif
+// Measured (H100, 2026-12-06, tools/mla_trace.py): the seesaw's per-item epilogue 8-11 -> 3-6 us, b 4096 x 512
+// tokens at h_q 64 7.5 % faster, the sparse prefill 2-9 % (docs/RESULTS.md); outputs bit-identical.
 // One row's 256 channels of a warpgroup (its columns 8j + 2t, 8j + 2t + 1 of j = 0..31 held by lane t of
 // the row's quad as packed pairs p(j)) as 16-byte stores: per four j a 4 x 4 transpose inside the quad
 // (two shfl_xor stages) gives lane t the four pairs of j = 4k + t, i.e. columns 8(4k + t) .. + 7.
