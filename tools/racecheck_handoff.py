@@ -25,8 +25,8 @@ round r must come after round r's write and before round r+1's):
 The tool exits 0 when every value warpgroup 0 read equals what warpgroup 1 wrote in that round
 (the hand-off worked on this run), 1 otherwise; racecheck's verdict is in its own output.
 Run on a GPU with CuPy (NVRTC compiles the kernel). Results (H100, compute-sanitizer 2025.3.1): arrive_sync
-7 and 1 hazards in two runs with every value correct, sync_sync / syncthreads / mbarrier / sync_sync_384 0, none 9 (docs/MLA.md,
-"racecheck does not model a bar.arrive -> bar.sync hand-off").
+7 and 1 hazards in two runs with every value correct, sync_sync / syncthreads / mbarrier / sync_sync_384 0,
+none 9 (docs/MLA.md, "racecheck does not model a bar.arrive -> bar.sync hand-off").
 """
 
 from __future__ import annotations
