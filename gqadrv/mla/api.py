@@ -275,11 +275,11 @@ def flash_mla_with_kvcache(q: ArrayT, k_cache: DLPackArray, block_table: DLPackA
     softmax(softmax_scale * q.k) (default 576 ** -0.5). ``causal``: bottom-right mask, query token j sees keys
     [0, len - (s_q - 1 - j)). ``tile_scheduler_metadata``: from ``get_mla_metadata`` or None.
     ``num_splits``: None (chosen from the shapes) or an int: splits per request on the split-grid
-    routes, CTAs per (KV head, row block) on the balanced grid (``seesaw_bal`` / ``narrow16_bal``, the
-    default for TMA-describable caches once the batch fills the SMs; None there means about one CTA
-    per SM).
+    routes, CTAs per (KV head, row block) on the balanced grid (``seesaw_bal`` / ``narrow16_bal`` for
+    TMA-describable caches, ``seesaw_bal_cp`` for the others, the defaults once the batch fills the SMs;
+    None there means about one CTA per SM).
     gqadrv additions (keywords): ``out`` / ``lse`` to write into, ``stream``, ``backend`` ('auto',
-    'seesaw', 'seesaw_tma', 'seesaw_bal', 'narrow16x2_tma', 'narrow16_bal', 'narrow16', 'narrow32',
+    'seesaw', 'seesaw_tma', 'seesaw_bal', 'seesaw_bal_cp', 'narrow16x2_tma', 'narrow16_bal', 'narrow16', 'narrow32',
     'narrow16_tma', 'narrow32_tma', 'wgmma', 'mma'; with an FP8 cache
     'seesaw_fp8' or 'mma_fp8').
     ``is_fp8_kvcache=True`` (dense FP8 decode, which FlashMLA itself lacks): k_cache is FlashMLA's V3.2
