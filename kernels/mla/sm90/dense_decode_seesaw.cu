@@ -67,8 +67,9 @@
 // Q / items q (count: the Q loaders) completes once per item with pairs; q_empty (count 8, one
 //           arrival per consumer warp once the item's last Q K^T retired) lets the Q loaders write the
 //           next item's Q (cp.async balanced builds: the whole producer warpgroup, before the item's
-//           first K copies, which wait for the previous item's releases anyway). With MLA_BALANCED the consumers release every K half after its last
-//           reader, also after an item's last pair (the next item refills it); the split grid keeps
+//           first K copies, which wait for the previous item's releases anyway). With MLA_BALANCED the
+//           consumers release every K half after its last reader, also after an item's last pair (the
+//           next item refills it); the split grid keeps
 //           releases to pairs with a successor. Merges won on shared requests run after the CTA's
 //           last item (no load in flight then; the merge weights use the K slots).
 // TMA mode (MLA_TMA_K=1, entry mla_dense_decode_seesaw_tma, parameters (k_lo, k_hi, args): two
