@@ -82,8 +82,8 @@ BACKENDS = ("auto", *FAMILIES)
 NOPE_BUILDS = {"seesaw": "seesaw_nope", "mma": "mma_nope", "seesaw_bal_cp": "seesaw_nope_bal",
                **{n: n for n, f in FAMILIES.items() if f.nope},
                # experiment builds of seesaw_bal_cp (GQADRV_MLA_EXPERIMENTS=1): their seesaw_nope_bal twins
-               **{n: "seesaw_nope_bal" + n[13:] for n in FAMILIES
-                  if n.startswith("seesaw_bal_cp_") and "seesaw_nope_bal" + n[13:] in FAMILIES}}
+               **{n: twin for n in FAMILIES if n.startswith("seesaw_bal_cp_")
+                  for twin in ["seesaw_nope_bal" + n.removeprefix("seesaw_bal_cp")] if twin in FAMILIES}}
 # The cp.async seesaw builds and their balanced-grid forms (routed when the batch fills the SMs and no
 # tensor map can describe k_cache: pages of 1..32 tokens, other strides, the sparse paths' lists).
 BALANCED_CP = {"seesaw": "seesaw_bal_cp", "seesaw_nope": "seesaw_nope_bal"}
