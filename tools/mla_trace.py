@@ -35,7 +35,7 @@ SM_SLOT = 15
 
 
 def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = None,
-              ceiling_tbps: float | None = None) -> str:
+              ceiling_tbps: float | None = None, page_pool: int | None = None) -> str:
     import ml_dtypes
 
     import gqadrv
@@ -51,6 +51,8 @@ def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = 
     k = (rs.standard_normal((b * max_blocks, page, 1, 576), dtype=cp.float32) / 10).astype(ml_dtypes.bfloat16)
     q = (rs.standard_normal((b, s_q, h_q, 576), dtype=cp.float32) / 10).astype(ml_dtypes.bfloat16)
     bt = cp.arange(b * max_blocks, dtype=cp.int32).reshape(b, max_blocks)
+    if page_pool:  # every request reads pages of one small pool (L2-resident, as the sparse prefill's kv)
+        bt = bt % page_pool
     sl = cp.asarray(np.array(lens, np.int32))
     out = cp.empty((b, s_q, h_q, 512), q.dtype)
     n_lse = b * h_q * s_q
@@ -194,6 +196,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", default=["narrow16_bal", "seesaw_bal"],
                     help="comma-separated backend groups; narrow* groups run on rows with h_q <= 16 only")
     ap.add_argument("--launches", type=int, default=3, help="traced launches per row and backend (default 3)")
+    ap.add_argument("--page-pool", type=int, default=None, metavar="N",
+                    help="block-table entries modulo N: every request reads the same N pages (an L2-resident "
+                         "cache, like the sparse prefill's kv rows); default: distinct pages")
     ap.add_argument("--json", help="write every stamp of every traced launch to this file")
     ap.add_argument("--from-json", metavar="FILE", help="print the reports of a saved --json file (no GPU needed)")
     ap.add_argument("--ceiling-tbps", type=float, default=None,
@@ -220,7 +225,7 @@ def main(argv=None) -> int:
                 if backend.startswith("narrow") and h_q > 16:
                     continue
                 try:
-                    print(trace_row(row, backend, cp, a.launches, raw, a.ceiling_tbps), flush=True)
+                    print(trace_row(row, backend, cp, a.launches, raw, a.ceiling_tbps, a.page_pool), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next row
                     print(f"{row} {backend}: {type(exc).__name__}: {exc}", flush=True)
     if a.json:

@@ -3,7 +3,7 @@ on a kernel small enough to read in full.
 
     compute-sanitizer --tool racecheck --racecheck-report hazard python tools/racecheck_handoff.py VARIANT
 
-One CTA of 256 threads (two warpgroups; 384 for sync_sync_384), run once per VARIANT; warpgroup 1 writes 128 floats of
+One CTA of 256 threads (two warpgroups; 384 for sync_sync_384, skew, skew_pad), run once per VARIANT; warpgroup 1 writes 128 floats of
 shared memory, warpgroup 0 reads them, over ROUNDS rounds that reuse the same words (so a read of
 round r must come after round r's write and before round r+1's):
 
@@ -21,6 +21,11 @@ round r must come after round r's write and before round r+1's):
                256-thread named barriers cover part of the CTA (as the MLA kernels' consumer barriers,
                whose producer warpgroup runs its own loop): narrow2's reports (docs/MLA.md) lie across such
                a barrier, written with an immediate barrier id.
+  skew         sync_sync_384 where warpgroup 0 also passes its own 128-thread barrier (id 3) twice before
+               the hand-offs and warpgroup 1 does not: the two sides have passed different numbers of
+               barriers when they meet (narrow2's one-tile items: one warpgroup runs a tile, with its two
+               warpgroup barriers, the other none).
+  skew_pad     skew, with warpgroup 1 passing its own barrier (id 4) twice as well: equal counts again.
 
 The tool exits 0 when every value warpgroup 0 read equals what warpgroup 1 wrote in that round
 (the hand-off worked on this run), 1 otherwise; racecheck's verdict is in its own output.
@@ -38,6 +43,7 @@ ROUNDS = 8
 SOURCE = r"""
 #define BAR_SYNC(id) asm volatile("bar.sync %0, 256;" ::"n"(id) : "memory")
 #define BAR_ARRIVE(id) asm volatile("bar.arrive %0, 256;" ::"n"(id) : "memory")
+#define WG_SYNC(id) asm volatile("bar.sync %0, 128;" ::"n"(id) : "memory")
 __device__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ void mbar_arrive(unsigned long long* b) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
@@ -57,12 +63,16 @@ extern "C" __global__ void handoff(float* out, int variant) {
   }
   __syncthreads();
   if (wg == 2) return;  // sync_sync_384: the third warpgroup takes no further part
+  if (variant == 6 || variant == 7) {  // skew / skew_pad: barriers of one warpgroup before the hand-offs
+    if (wg == 0) { WG_SYNC(3); WG_SYNC(3); }
+    else if (variant == 7) { WG_SYNC(4); WG_SYNC(4); }
+  }
   for (int r = 0; r < ROUNDS; ++r) {
     const bool first = r == 0, last = r + 1 == ROUNDS;
     if (variant == 0) {         // arrive_sync
       if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_ARRIVE(1); }
       else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_ARRIVE(2); }
-    } else if (variant == 1 || variant == 5) {  // sync_sync (5: in a CTA of 384 threads)
+    } else if (variant == 1 || variant >= 5) {  // sync_sync (5..7: in a CTA of 384 threads)
       if (wg == 1) { if (!first) BAR_SYNC(2); box[i] = (float)(r * 1000 + i); BAR_SYNC(1); }
       else { BAR_SYNC(1); out[r * 128 + i] = box[i]; if (!last) BAR_SYNC(2); }
     } else if (variant == 2) {  // syncthreads
@@ -81,7 +91,8 @@ extern "C" __global__ void handoff(float* out, int variant) {
 }
 """
 
-VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "none": 4, "sync_sync_384": 5}
+VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "none": 4, "sync_sync_384": 5, "skew": 6,
+            "skew_pad": 7}
 
 
 def main(argv: list[str]) -> int:
@@ -93,7 +104,7 @@ def main(argv: list[str]) -> int:
 
     kernel = cp.RawKernel(SOURCE.replace("ROUNDS", str(ROUNDS)), "handoff")
     out = cp.full(ROUNDS * 128, -1.0, dtype=cp.float32)
-    kernel((1,), (384 if argv[0] == "sync_sync_384" else 256,), (out, np.int32(VARIANTS[argv[0]])))
+    kernel((1,), (384 if VARIANTS[argv[0]] >= 5 else 256,), (out, np.int32(VARIANTS[argv[0]])))
     got = cp.asnumpy(out).reshape(ROUNDS, 128)
     want = np.arange(ROUNDS)[:, None] * 1000.0 + np.arange(128)[None, :]
     ok = bool((got == want).all())
