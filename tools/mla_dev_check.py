@@ -281,11 +281,12 @@ def layout_model_seesaw() -> list[str]:
     OFF_TICKET = OFF_BAR + 192
     OFF_SCHED = OFF_TICKET + 16   # balanced schedule: 12 warp sums + the CTA's start (5 ints)
     OFF_MERGE = OFF_SCHED + 80    # won merges: 2 x {request, first slot, splits}
-    used = OFF_MERGE + 48
+    OFF_XM = OFF_MERGE + 48       # WG1's exact row maxima (max_logits)
+    used = OFF_XM + 256
     regions = [("Q", OFF_Q, TILE), ("K0", OFF_K0, TILE), ("K1", OFF_K1, TILE), ("P1", OFF_P1, CB),
                ("sM", OFF_SM, 256), ("sSc0", OFF_SC0, 256), ("sSc1", OFF_SC1, 256), ("lsum", OFF_LSUM, 512),
                ("bars", OFF_BAR, 24 * 8), ("ticket", OFF_TICKET, 16), ("sched", OFF_SCHED, 17 * 4),
-               ("merge", OFF_MERGE, 6 * 4)]
+               ("merge", OFF_MERGE, 6 * 4), ("xm", OFF_XM, 64 * 4)]
     regions.sort(key=lambda r: r[1])
     for (n0, a0, s0), (n1, a1, _) in zip(regions, regions[1:]):
         if a0 + s0 > a1:

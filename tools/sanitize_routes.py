@@ -287,7 +287,8 @@ def _sparse_routes(cp, gqadrv, rng) -> int:
 
 def _sparse_prefill_routes(cp, gqadrv, rng) -> int:
     """Sparse prefill on the balanced grid without cuts (seesaw_bal_cp, seesaw_nope_bal for d_qk 512):
-    every kind of invalid index, NaN in unreferenced kv rows, a row without any valid index."""
+    every kind of invalid index, NaN in unreferenced kv rows, a row without any valid index; d_qk 512 with an
+    attention sink (applied in the dense kernel's epilogue, FLAG_SINK; +inf / -inf entries)."""
     import ml_dtypes
 
     from gqadrv.mla.sparse_reference import sparse_prefill_reference
@@ -306,8 +307,13 @@ def _sparse_prefill_routes(cp, gqadrv, rng) -> int:
         used = np.zeros(s_kv, bool)
         used[idx[(idx >= 0) & (idx < s_kv)]] = True
         kv[~used] = np.nan
-        o, mx, lse = gqadrv.flash_mla_sparse_fwd(cp.asarray(q), cp.asarray(kv), cp.asarray(idx), 0.1, backend=run_as)
-        ro, rm, rl = sparse_prefill_reference(q, kv, idx, 0.1, 512)
+        sink = None
+        if d_qk == 512:
+            sink = rng.standard_normal(h_q).astype(np.float32)
+            sink[:2] = (np.inf, -np.inf)
+        o, mx, lse = gqadrv.flash_mla_sparse_fwd(cp.asarray(q), cp.asarray(kv), cp.asarray(idx), 0.1, backend=run_as,
+                                                 attn_sink=None if sink is None else cp.asarray(sink))
+        ro, rm, rl = sparse_prefill_reference(q, kv, idx, 0.1, 512, sink)
         err = float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - ro)))
         ok = (err < 3e-2 and bool(np.array_equal(np.isinf(cp.asnumpy(lse)), np.isinf(rl)))
               and not np.isnan(cp.asnumpy(o).astype(np.float32)).any())

@@ -214,11 +214,13 @@ def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_row
     and pack every launch. ``out_strides``: element strides of out's (request, token, head) dims;
     ``lse_rows_ptr(ws)``: where the dense kernel writes its [rows, h_q] LSE (and, with ``max_offset``,
     max_logits at + max_offset)."""
-    gather, finish = _sparse.kernels(sp)
     chunks = _sparse.row_chunks(sp)
     probe = _sparse.dense_problem(sp, 0, 0, 0, 0, chunks[0][1], max_offset)
     variant, loaded = _plan.route(probe, backend)
     splits = _splits(probe, variant, num_splits, meta, sp.config())
+    # the balanced grids run the lists with FLAG_NO_CUT (dense_problem): no item is ever split
+    fold = _sparse.fold_sink(sp, variant.family, splits, _ks.kernel(variant.family.name).balanced)
+    gather, finish = _sparse.kernels(sp, fold)
     ws = make_ws({**_plan.workspace_sizes(probe, variant, splits), **_sparse.workspace_sizes(sp)}, _plan.WORKSPACE_ZERO)
     lse_rows = lse_rows_ptr(ws)
     row_stride = out_strides[1] if sp.s_q > 1 else out_strides[0]
@@ -226,11 +228,12 @@ def sparse_launch(sp, *, out_ptr: int, out_strides: tuple, lse_ptr: int, lse_row
     q_packed = 0 if sp.q_mergeable else ws.ptr("sp_q")
     parts = []
     for row0, n in chunks:
-        dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"), q_packed, row0, n, max_offset)
+        dense = _sparse.dense_problem(sp, ws.ptr("sp_lists"), ws.ptr("sp_counts"), q_packed, row0, n, max_offset,
+                                      fold_sink=fold)
         parts.append(_plan.launch_parts(dense, variant, out_strides=(row_stride, 0, out_strides[2]),
                                         out_ptr=out_ptr + row0 * row_stride * item,
                                         lse_ptr=lse_rows + 4 * row0 * sp.h_q, ws=ws, splits=splits))
-    fields = _sparse.args_fields(sp, ws, out_ptr, out_strides, lse_ptr, lse_rows)
+    fields = _sparse.args_fields(sp, ws, out_ptr, out_strides, lse_ptr, lse_rows, fold_sink=fold)
     return SparseLaunch(gather, finish, variant, loaded, splits, ws, parts, fields)
 
 

@@ -136,6 +136,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "default) (default: the issue's table)")
     p.add_argument("--mla-sparse-prefill-backend", default=None,
                    help="--op mla_sparse_prefill: gqadrv backend (default: auto)")
+    p.add_argument("--mla-sparse-prefill-also", nargs="*", default=[], metavar="BACKEND",
+                   help="--op mla_sparse_prefill: also time gqadrv with these backends on every row, beside the "
+                        "default (e.g. experiment builds under GQADRV_MLA_EXPERIMENTS=1; a seesaw_bal_cp_* name "
+                        "stands for its seesaw_nope_bal_* twin on d_qk 512 rows; results 'gqadrv@NAME')")
     p.add_argument("--mla-sparse-prefill-plain", action="store_true",
                    help="--op mla_sparse_prefill: also time both libraries without attn_sink on sink rows (done "
                         "anyway where FlashMLA rejects the sink)")
@@ -224,11 +228,11 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
         v.update(extra or {})
         res[name] = v
 
-    def ours(name: str, qq, sk) -> None:
+    def ours(name: str, qq, sk, use: str | None = backend) -> None:
         try:
             kw = {"attn_sink": sk, "stream": cur()}
-            if backend is not None:
-                kw["backend"] = backend
+            if use is not None:
+                kw["backend"] = use
             p = gqadrv.prepare_mla_sparse_fwd(qq, kv, idx, scale, D_V, **kw)
             # the current stream at call time: a torch graph captures on its own side stream
             fn = lambda: gqadrv.launch_prepared(p, cur())
@@ -263,8 +267,13 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             res[name] = {"error": repr(exc)[:300]}
             return False
 
+    also = list(getattr(args, "mla_sparse_prefill_also", None) or [])
     if kind == "peer":
         ours("gqadrv", q, sink)
+        for name in also:
+            ours(f"gqadrv@{name}", q, sink, name)
+            _diff(cp, res, outs, f"gqadrv@{name}", "gqadrv", "gqadrv")
+            outs.pop(f"gqadrv@{name}", None)
         ok = peer("flashmla", q, sink)
         _diff(cp, res, outs, "gqadrv", "flashmla", "flashmla")
         if sink_on and (getattr(args, "mla_sparse_prefill_plain", False) or (fm is not None and use_torch and not ok)):
@@ -276,6 +285,10 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             _diff(cp, res, outs, "gqadrv", "gqadrv_plain", "gqadrv_plain")
     elif kind == "pad64":
         ours("gqadrv", q, sink)
+        for name in also:
+            ours(f"gqadrv@{name}", q, sink, name)
+            _diff(cp, res, outs, f"gqadrv@{name}", "gqadrv", "gqadrv")
+            outs.pop(f"gqadrv@{name}", None)
         ours("gqadrv_pad64", q_pad, sink_pad)
         peer("flashmla_pad64", q_pad, sink_pad)
         _diff(cp, res, outs, "gqadrv", "gqadrv_pad64", "gqadrv_pad64", heads=h_q)
@@ -323,6 +336,13 @@ RATIOS = {
 }
 
 
+def _ratio_of(kind: str, name: str):
+    """The ratio of a table line: RATIOS, and for an extra backend 'gqadrv@NAME' its time / the default's."""
+    if name.startswith("gqadrv@"):
+        return time_over(name, "gqadrv"), "this build / default (time)"
+    return RATIOS.get((kind, name))
+
+
 def format_table(meta: dict, rows: list) -> str:
     out = [(f"GPU {meta.get('gpu')} (cc {meta.get('cc')}, {meta.get('sms')} SMs), streaming-read ceiling "
             f"{fmt(meta.get('ceiling_TBps'), '.2f')} TB/s; sparse MLA prefill (flash_mla_sparse_fwd, bf16 q and kv, "
@@ -347,8 +367,8 @@ def format_table(meta: dict, rows: list) -> str:
                 continue
             rh = rc = None
             what = "-"
-            if (kind, name) in RATIOS:
-                fn, what = RATIOS[(kind, name)]
+            if _ratio_of(kind, name) is not None:
+                fn, what = _ratio_of(kind, name)
                 rh, rc = fn(res, "hot_us"), fn(res, "cold_us")
             ratio = f"{fmt(rh, '.2f')} / {fmt(rc, '.2f')}" if rh is not None or rc is not None else "-"
             diffs = []

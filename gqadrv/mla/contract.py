@@ -53,6 +53,8 @@ class MlaProblem:
     nope: bool = False    # d_qk 512: q / K rows of 512 channels, no RoPE (sparse prefill only)
     max_offset: int | None = None  # write max_logits at lse + max_offset (sparse prefill only)
     no_cut: bool = False  # balanced grids keep every request on one CTA (FLAG_NO_CUT: the sparse paths' lists)
+    kv_reuse: bool = False  # K rows read by many requests: kept in L2 (FLAG_KV_REUSE: the sparse prefill)
+    sink_ptr: int = 0  # fp32 [h_q] attention sink folded into the epilogue (FLAG_SINK; sparse paths, routes.sink_epilogue)
 
     @property
     def capacity(self) -> int:

@@ -67,6 +67,8 @@ PAGE_SIZES = tuple(1 << i for i in range(9))  # 1 .. 256
 FLAG_CAUSAL = 1
 FLAG_MAX_LOGITS = 2  # the kernels also write max(softmax_scale q.k) per row at lse + max_offset
 FLAG_NO_CUT = 4  # balanced grids: every request on one CTA (no partials; the sparse paths' short lists)
+FLAG_SINK = 16  # the attention sink in the epilogue: out = O / (L + exp(sink) in the row's units) (sink_epilogue)
+FLAG_KV_REUSE = 8  # cp.async seesaw: K rows kept in L2 (evict_last), Q first out (the sparse prefill's shared kv)
 VARIANTS = {"wgmma": 1, "mma": 0}  # the original kernel's two builds (MLA_MMA value)
 VARIANT_ARCHES = {"wgmma": ("sm_90a",), "mma": ("sm_90a", "sm_100a", "sm_110a")}  # 226 KB of smem: no sm_80/sm_120
 DTYPES = {"float16": 0, "bfloat16": 1}
@@ -107,6 +109,7 @@ FIELDS = (
     ("flags", "i"),
     ("scale_log2", "f"),
     ("max_offset", "i"),  # FLAG_MAX_LOGITS: elements from a row's lse to its max_logits
+    ("sink", "Q"),        # FLAG_SINK: fp32 [h_q] attention sink folded into out's normaliser (else 0)
 )
 FORMAT = "<" + "".join(c for _, c in FIELDS)
 ARGS_BYTES = struct.calcsize(FORMAT)
@@ -121,9 +124,9 @@ SMEM_BYTES = _SMEM_USED + 1024  # 231440 (the H100/H200 opt-in limit is 232448)
 
 # Seesaw map (dense_decode_seesaw.cu): Q + K0 + K1 (72 KB each; sP0 aliases K0's RoPE block), sP1
 # 8 KB, sM / sScale0 / sScale1 (256 B each), lsum 512 B, 24 mbarriers (192 B), ticket 16 B, the
-# balanced schedule's scan / start (80 B) and won merges (48 B).
-_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 192 + 16 + 80 + 48
-SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 232016
+# balanced schedule's scan / start (80 B), won merges (48 B) and WG1's exact row maxima (256 B).
+_SEESAW_USED = 3 * _TILE_BYTES + 8192 + 3 * 256 + 512 + 192 + 16 + 80 + 48 + 256
+SEESAW_SMEM_BYTES = _SEESAW_USED + 1024  # 232272
 
 
 def _narrow_used(nq: int, nslot: int) -> int:
@@ -361,8 +364,27 @@ def out_st4_experiments() -> dict:
                 for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal"))
 
 
+def prefill_experiments() -> dict:
+    """The cp.async balanced seesaw builds without one of the sparse prefill's 2026-12-06 changes, for timing
+    comparisons (experiment, GQADRV_MLA_EXPERIMENTS=1): ``<variant>_xmax`` keeps the exact running max on
+    MLA_FLAG_MAX_LOGITS launches (MLA_MAXLOG_LAZY=0: every pair whose max moves rescales O, as before),
+    ``<variant>_nohint`` issues the K / Q copies without L2 policies or the 256-byte prefetch
+    (MLA_KV_HINT=0), and ``seesaw_nope_bal_nb9`` loads zeros into channel block 8 and multiplies it
+    (MLA_NOPE_SKIP=0)."""
+    out = {}
+    for name in ("seesaw_bal_cp", "seesaw_nope_bal"):
+        out.update(dict([_derived(KERNELS[name], "xmax", "the exact running max with max_logits (MLA_MAXLOG_LAZY=0)",
+                                  (("MLA_MAXLOG_LAZY", 0),)),
+                         _derived(KERNELS[name], "nohint", "K / Q copies without L2 hints (MLA_KV_HINT=0)",
+                                  (("MLA_KV_HINT", 0),))]))
+    out.update([_derived(KERNELS["seesaw_nope_bal"], "nb9", "channel block 8 zero-filled and multiplied "
+                         "(MLA_NOPE_SKIP=0)", (("MLA_NOPE_SKIP", 0),))])
+    return out
+
+
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(out_st4_experiments())
+    KERNELS.update(prefill_experiments())
     KERNELS.update(arrive_handoff_experiments())
     _schedule = schedule_experiments()
     KERNELS.update(_schedule)
@@ -508,8 +530,9 @@ def choose_num_splits(b: int, s_q: int, h_q: int, h_kv: int, capacity_tokens: in
 
 
 def pack_args(**values) -> tuple:
-    """Values in FIELDS order (missing 'max_offset' -> 0; unknown or missing fields raise)."""
+    """Values in FIELDS order (missing 'max_offset' / 'sink' -> 0; unknown or missing fields raise)."""
     values.setdefault("max_offset", 0)
+    values.setdefault("sink", 0)
     names = [n for n, _ in FIELDS]
     extra = set(values) - set(names)
     if extra:

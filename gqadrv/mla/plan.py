@@ -132,9 +132,12 @@ def args_fields(problem: MlaProblem, variant: _routes.MlaVariant, out, out_ptr: 
         "max_blocks": problem.max_blocks, "num_splits": splits,
         "flags": ((_ks.FLAG_CAUSAL if problem.causal else 0)
                   | (_ks.FLAG_MAX_LOGITS if problem.max_offset is not None else 0)
-                  | (_ks.FLAG_NO_CUT if problem.no_cut else 0)),
+                  | (_ks.FLAG_NO_CUT if problem.no_cut else 0)
+                  | (_ks.FLAG_KV_REUSE if problem.kv_reuse else 0)
+                  | (_ks.FLAG_SINK if problem.sink_ptr else 0)),
         "scale_log2": _ks.scale_log2(problem.softmax_scale),
         "max_offset": problem.max_offset if problem.max_offset is not None else 0,
+        "sink": problem.sink_ptr,
     }
 
 

@@ -66,6 +66,12 @@ class MlaFamily(KernelFamily):
     nope: bool = False            # d_qk 512: q / K rows of 512 channels (sparse prefill's MODEL1 layout)
 
     @property
+    def sink_epilogue(self) -> bool:
+        """Its epilogue (decode_util.cuh store_out_rows) folds an attention sink into out's normaliser
+        (FLAG_SINK) on items without splits: the seesaw builds and the first kernel (wgmma / mma)."""
+        return self.source in ("mla/sm90/dense_decode_seesaw.cu", "mla/sm90/dense_decode.cu")
+
+    @property
     def tma(self) -> bool:
         """The first parameters are CUtensorMaps of k_cache (kernel_spec.tma_eligible caches only)."""
         return bool(self.tma_boxes)

@@ -326,12 +326,14 @@ def _synthetic(name: str, ptr: int, shape: tuple, strides: tuple, dtype: str, it
 
 
 def dense_problem(problem: SparseProblem, lists_ptr: int, counts_ptr: int, q_packed_ptr: int, row0: int = 0,
-                  rows: int | None = None, max_offset: int | None = None) -> _contract.MlaProblem:
+                  rows: int | None = None, max_offset: int | None = None, fold_sink: bool = False) -> _contract.MlaProblem:
     """The dense decode the gathered lists feed, for rows [row0, row0 + rows) (default: all): one
     "request" per (request, query token) row with s_q = 1 and h_q heads (h_kv 1), page_size 1,
     block_table = the lists (entries: 16-byte offsets from the main pool's base), cache_seqlens =
     the counts; q, lists and counts start at row0 (the caller offsets out / lse). ``max_offset``:
-    the kernel also writes max_logits at lse + max_offset."""
+    the kernel also writes max_logits at lse + max_offset; such launches (the prefill, whose query
+    tokens share one kv) also keep the K rows in L2 (``kv_reuse``). ``fold_sink``: the dense kernel applies
+    attn_sink in its epilogue (sink_ptr; see fold_sink())."""
     q, dev, fw = problem.q, problem.device, problem.q.framework
     rows = problem.rows - row0 if rows is None else rows
     cap, h, d = problem.cap, problem.h_q, problem.d_qk
@@ -351,7 +353,8 @@ def dense_problem(problem: SparseProblem, lists_ptr: int, counts_ptr: int, q_pac
     ln = _synthetic("counts", counts_ptr + 4 * row0, (rows,), (1,), "int32", 4, dev, fw)
     return _contract.MlaProblem(rows, 1, h, 1, h, 1, 1, cap, problem.dtype, dev, qv, kv, bt, ln,
                                 problem.softmax_scale, False, problem.kv_fp8, nope=d == 512, max_offset=max_offset,
-                                no_cut=True)
+                                no_cut=True, kv_reuse=max_offset is not None,
+                                sink_ptr=problem.attn_sink.ptr if fold_sink and problem.attn_sink is not None else 0)
 
 
 def row_chunks(problem: SparseProblem) -> list[tuple[int, int]]:
@@ -360,15 +363,16 @@ def row_chunks(problem: SparseProblem) -> list[tuple[int, int]]:
 
 
 def args_fields(problem: SparseProblem, ws: Any, out_ptr: int, out_strides: tuple, lse_ptr: int,
-                lse_rows_ptr: int) -> dict:
-    """The ``MlaSparseArgs`` fields (by name) shared by the gather and the finish launch."""
+                lse_rows_ptr: int, fold_sink: bool = False) -> dict:
+    """The ``MlaSparseArgs`` fields (by name) shared by the gather and the finish launch (``fold_sink``:
+    the dense kernel applies attn_sink, so the finish launch does not)."""
     q, pool, extra = problem.q, problem.pool, problem.extra
     flags = 0
     if not problem.q_mergeable:
         flags |= FLAG_PACK_Q
     if problem.s_q > 1:
         flags |= FLAG_WRITE_LSE
-    if problem.attn_sink is not None:
+    if problem.attn_sink is not None and not fold_sink:
         flags |= FLAG_SINK
     if problem.dtype == "bfloat16":
         flags |= FLAG_OUT_BF16
@@ -396,8 +400,18 @@ def args_fields(problem: SparseProblem, ws: Any, out_ptr: int, out_strides: tupl
     }
 
 
-def needs_finish(problem: SparseProblem) -> bool:
-    return problem.s_q > 1 or problem.attn_sink is not None
+def needs_finish(problem: SparseProblem, fold_sink: bool = False) -> bool:
+    """The finish launch has work: the LSE transpose (s_q > 1) or an attn_sink the dense kernel does not
+    apply."""
+    return problem.s_q > 1 or (problem.attn_sink is not None and not fold_sink)
+
+
+def fold_sink(problem: SparseProblem, family, splits: int, balanced: bool) -> bool:
+    """Whether the dense kernel applies attn_sink in its epilogue (FLAG_SINK), saving the finish launch's
+    pass over out: the routed family's epilogue can (routes.MlaFamily.sink_epilogue) and no item of the
+    launch is split (the balanced grid without cuts, which the sparse launches always use, or one split),
+    since the split merge does not apply it."""
+    return problem.attn_sink is not None and family.sink_epilogue and (balanced or splits == 1)
 
 
 def gather_geometry(problem: SparseProblem) -> tuple[tuple, tuple, int]:
@@ -408,9 +422,10 @@ def finish_geometry(problem: SparseProblem) -> tuple[tuple, tuple, int]:
     return (-(-problem.rows * problem.h_q // FINISH_WARPS), 1, 1), (THREADS, 1, 1), 0
 
 
-def kernels(problem: SparseProblem) -> tuple[Loaded, Loaded | None]:
+def kernels(problem: SparseProblem, fold_sink: bool = False) -> tuple[Loaded, Loaded | None]:
     _check_cc(_drv.device_info(problem.device).cc)
-    return _loaded(GATHER, problem.device), (_loaded(FINISH, problem.device) if needs_finish(problem) else None)
+    return (_loaded(GATHER, problem.device),
+            _loaded(FINISH, problem.device) if needs_finish(problem, fold_sink) else None)
 
 
 def _check_cc(cc: tuple[int, int]) -> None:

@@ -144,6 +144,13 @@ GQADRV_DEVICE void cp_async_16(u32 dst, const void* src, u32 src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// The same with an L2 cache policy (createpolicy) and a 256-byte L2 prefetch of the source's sector
+// group (scattered 1 KB rows: the other units of the row are then in L2 when their copies arrive).
+GQADRV_DEVICE void cp_async_16_l2(u32 dst, const void* src, u32 src_bytes, u64 policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
 GQADRV_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 GQADRV_DEVICE void cp_async_wait() {

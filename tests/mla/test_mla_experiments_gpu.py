@@ -6,7 +6,10 @@ The scripts run in a subprocess, since the experiment variants are registered wh
 imported. ``seesaw_bal_arrive`` / ``_arrive1`` (MLA_SYNC_HANDOFF 0 / 1: the writer of a scale hand-off
 arrives on the named barrier instead of the default sync) hand over the same values: they must match the
 oracle and give out / lse bit-identical to seesaw_bal. ``<variant>_st4`` (MLA_OUT_V16=0: one 4-byte store per
-pair of output channels instead of the default 16-byte chunks) must give outputs bit-identical to the default."""
+pair of output channels instead of the default 16-byte chunks) must give outputs bit-identical to the default.
+The sparse prefill's builds without one of its 2026-12-06 changes (``_nohint``: no L2 policies, ``_nb9``: the
+zero channel block of d_qk 512 multiplied) must be bit-identical to the default; ``_xmax`` (the exact running max
+under max_logits) must give bit-identical max_logits and out / lse within the grid's tolerances."""
 
 from __future__ import annotations
 
@@ -199,5 +202,53 @@ def test_out_store_builds_are_bit_identical():
     seesaw_bal / seesaw_bal_cp / seesaw_nope_bal (partial row blocks, causal s_q 2, pages 1 / 16 / 64, cut
     and whole requests, the d_qk 512 sparse prefill)."""
     r = _run_experiment_script(OUT_STORE_SCRIPT, 900)
+    print(r.stdout[-4000:])
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+PREFILL_SCRIPT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    failures = []
+    def finish():
+        if failures:
+            print("FAILURES:", *failures, sep="\\n")
+            raise SystemExit(1)
+        print("all builds agree")
+    rng = np.random.default_rng(11)
+    for d, s_q, h_q in ((576, 701, 64), (512, 701, 128), (576, 3, 64), (512, 40, 64)):
+        # rising logits along every list (the lazy running max moves), some invalid indices
+        q = cp.asarray((0.5 + rng.standard_normal((s_q, h_q, d)) / 10).astype(np.float32)).astype("bfloat16")
+        kv = cp.asarray((np.linspace(0, 0.4, 900)[:, None, None] + rng.standard_normal((900, 1, d)) / 10)
+                        .astype(np.float32)).astype("bfloat16")
+        idx = np.sort(rng.integers(-5, 905, size=(s_q, 1, 384)).astype(np.int32), axis=2)
+        idx = cp.asarray(idx)
+        base = "seesaw_bal_cp" if d == 576 else "seesaw_nope_bal"
+        ref = gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.5, backend="seesaw_bal_cp")
+        ref = [cp.asnumpy(x.astype(cp.float32)) for x in ref]
+        builds = ["seesaw_bal_cp_nohint", "seesaw_bal_cp_xmax"] + (["seesaw_nope_bal_nb9"] if d == 512 else [])
+        for v in builds:
+            got = [cp.asnumpy(x.astype(cp.float32)) for x in gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.5, backend=v)]
+            tag = f"d{d} s_q{s_q} h_q{h_q} {v}"
+            if v.endswith("_xmax"):
+                ok_m = np.array_equal(got[1], ref[1], equal_nan=True)
+                eo = float(np.nanmax(np.abs(got[0] - ref[0])))
+                fin = np.isfinite(ref[2])
+                el = float(np.abs(got[2][fin] - ref[2][fin]).max())
+                print(f"{tag}: max_logits bit-identical {ok_m}, out diff {eo:.3e}, lse diff {el:.3e}")
+                if not ok_m or eo > 2e-2 or el > 1e-3:
+                    failures.append(tag)
+            else:
+                same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(got, ref))
+                print(f"{tag}: bit-identical {same}")
+                if not same:
+                    failures.append(tag)
+    finish()
+""")
+
+
+def test_prefill_builds_agree():
+    """The sparse prefill's default builds against ``_nohint`` / ``_nb9`` (bit for bit) and ``_xmax``
+    (max_logits bit for bit, out / lse close) on rising logits, balanced and split grids, d_qk 576 / 512."""
+    r = _run_experiment_script(PREFILL_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

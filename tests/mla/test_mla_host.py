@@ -351,19 +351,27 @@ def test_fp8_cache_contract():
         contract.validate(*args, stream=None)
 
 
-def test_lazy_running_max_is_off_for_max_logits_launches():
-    """The seesaw's lazy running max (MLA_LAZY_LOG2) lets the max lag behind the row's true max, so the
-    launches that report it (the sparse prefill's max_logits, MLA_FLAG_MAX_LOGITS, set by plan.args_fields
-    whenever a problem has max_offset) must run the exact max: lazy_max reads the flag, and every update
-    of the running max goes through lazy_max."""
+def test_max_logits_launches_track_the_exact_max_beside_the_lazy_one():
+    """The seesaw's lazy running max (MLA_LAZY_LOG2) lets the max lag behind the row's true max. Launches
+    that report the max (the sparse prefill's max_logits, MLA_FLAG_MAX_LOGITS, set by plan.args_fields
+    whenever a problem has max_offset) keep the lazy max for the softmax but fold every tile's row max into
+    an exact one (x_lo / x_hi, both warpgroups, merged through sXM) that the epilogue reports; only items
+    whose max_logits come from the split merge's {m, l} (nsplit > 1) run the exact running max
+    (exact_max_item). Every update of the running max goes through lazy_max."""
     import re
     from pathlib import Path
 
     src = (Path(__file__).resolve().parents[2] / "kernels" / "mla" / "sm90" / "dense_decode_seesaw.cu").read_text()
-    body = re.search(r"float lazy_max\(const MlaDecodeArgs& a, float m_old, float m_tile\) \{(.*?)\n\}", src, re.S)
-    assert body and "MLA_FLAG_MAX_LOGITS" in body.group(1) and "0.f" in body.group(1)
-    updates = re.findall(r"const float mn_lo = (\w+)\(", src)
-    assert updates and set(updates) == {"lazy_max"}, updates
+    body = re.search(r"bool exact_max_item\(const MlaDecodeArgs& a, int nsplit\) \{(.*?)\n\}", src, re.S)
+    assert body and "MLA_FLAG_MAX_LOGITS" in body.group(1) and "nsplit > 1" in body.group(1)
+    lazy = re.search(r"float lazy_max\(bool exact, float m_old, float m_tile\) \{(.*?)\n\}", src, re.S)
+    assert lazy and "exact ? 0.f" in lazy.group(1)
+    updates = re.findall(r"const float mn_lo = (\w+\(\w+),", src)
+    assert updates and set(updates) == {"lazy_max(exact"}, updates
+    assert src.count("x_lo = fmaxf(x_lo, mx_lo);") == 2 and src.count("x_hi = fmaxf(x_hi, mx_hi);") == 2
+    assert "x_lo = fmaxf(x_lo, sXM[r_lo]);" in src and "L_lo, L_hi, x_lo, x_hi," in src
+    util = (Path(__file__).resolve().parents[2] / "kernels" / "mla" / "common" / "decode_util.cuh").read_text()
+    assert "rp.L_lo, rp.m_lo, rp.x_lo)" in util and "? x * LN2 : neg_inf()" in util
     plan_src = (Path(__file__).resolve().parents[2] / "gqadrv" / "mla" / "plan.py").read_text()
     assert re.search(r"_ks\.FLAG_MAX_LOGITS if problem\.max_offset is not None", plan_src)
 
@@ -488,3 +496,17 @@ def test_seesaw_consumer_loop_is_lean(isolated_cache):
         assert _ex2_fed_by_fma(ptx) >= 64, (name, _ex2_fed_by_fma(ptx))
         assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") >= 8, name
         assert ptx.count("262128") == 0, name
+
+
+def test_flag_bits_match_the_kernel_header():
+    """kernel_spec.FLAG_* are the MLA_FLAG_* bits of kernels/mla/common/args.cuh, each a distinct bit."""
+    import re
+    from pathlib import Path
+
+    from gqadrv.mla import kernel_spec as ks
+
+    text = (Path(__file__).resolve().parents[2] / "kernels" / "mla" / "common" / "args.cuh").read_text()
+    defs = {k: int(v) for k, v in re.findall(r"#define MLA_FLAG_(\w+) (\d+)", text)}
+    py = {n[len("FLAG_"):]: getattr(ks, n) for n in dir(ks) if n.startswith("FLAG_")}
+    assert defs == py, (defs, py)
+    assert sorted(defs.values()) == [1, 2, 4, 8, 16]

@@ -193,7 +193,8 @@ def test_prefill_oracle_grid(case):
                                             (576, 16, "seesaw_bal_cp")])
 def test_many_query_tokens_take_the_balanced_grid_without_partials(d_qk, h_q, want):
     """A prefill whose rows fill the SMs runs the dense kernel on the balanced persistent grid with
-    FLAG_NO_CUT (every row's list on one CTA, so the workspace holds no partial slots); ragged valid
+    FLAG_NO_CUT (every row's list on one CTA, so the workspace holds no partial slots) and applies the
+    attention sink in its epilogue (FLAG_SINK: two launches, no finish pass); ragged valid
     counts (topk_length, invalid indices, rows without any valid index) against the oracle, twice."""
     import cupy as cp
 
@@ -205,6 +206,7 @@ def test_many_query_tokens_take_the_balanced_grid_without_partials(d_qk, h_q, wa
     dq, dkv, di, ds, dt = (cp.asarray(a) for a in (q, kv, idx, sink, tl))
     p = gqadrv.prepare_mla_sparse_fwd(dq, dkv, di, SCALE, attn_sink=ds, topk_length=dt)
     assert p.route == f"mla_sparse_prefill+mla_decode_{want}_bfloat16", p.route
+    assert len(p.plans) == 2, p.plans  # gather + dense: the sink is applied in the dense epilogue, no finish pass
     nmb = ks.num_m_blocks(1, h_q, 1, want)
     one_partial = ks.BLOCK_M * ks.D_V * 4
     assert ks.workspace_sizes(c.s_q, 1, h_q, 1, p.num_splits, want, no_cut=True)["ws_o"] == 0
@@ -213,6 +215,36 @@ def test_many_query_tokens_take_the_balanced_grid_without_partials(d_qk, h_q, wa
     for rep in range(2):
         gqadrv.launch_prepared(p)
         check_prefill(p.output, ref, f"balanced {want} launch {rep}")
+
+
+@pytest.mark.parametrize("d_qk", [576, 512])
+@pytest.mark.parametrize("s_q", [3, 701])
+def test_max_logits_stay_exact_when_the_running_max_moves(d_qk, s_q):
+    """Logits spanning ~100 (log2 units) along each token's list, rising for even tokens (the kernels' lazy
+    running max moves many times), falling for odd ones (it never moves after the first tile): max_logits
+    must be the exact maximum the oracle gives, lse and out within the grid's tolerances. s_q 701 runs the
+    balanced grid (lazy max, exact max tracked beside it), s_q 3 the split grid."""
+    import cupy as cp
+    import ml_dtypes
+
+    import gqadrv
+
+    rng = np.random.default_rng(900 + s_q + d_qk)
+    h_q, s_kv, topk = 64, 1024, 512
+    q = (0.5 + rng.standard_normal((s_q, h_q, d_qk)) / 10).astype(ml_dtypes.bfloat16)
+    ramp = np.linspace(0.0, 0.5, s_kv)[:, None, None]
+    kv = (ramp + rng.standard_normal((s_kv, 1, d_qk)) / 10).astype(ml_dtypes.bfloat16)
+    idx = np.empty((s_q, 1, topk), np.int32)
+    for t in range(s_q):
+        pick = np.sort(rng.permutation(s_kv)[:topk])
+        idx[t, 0] = pick if t % 2 == 0 else pick[::-1]
+    ref = oracle(q, kv, idx, SCALE)
+    assert float(ref[1].min()) > 40.0, float(ref[1].min())  # the lists' last tiles reach logits of ~70
+    got = gqadrv.flash_mla_sparse_fwd(cp.asarray(q), cp.asarray(kv), cp.asarray(idx), SCALE)
+    check_prefill(got, ref, f"moving max d{d_qk} s_q{s_q}")
+    mx = np.asarray(got[1].get(), np.float64)
+    me = float(np.abs(mx - ref[1]).max())
+    assert me <= 1e-5 * float(np.abs(ref[1]).max()) + 1e-6, f"max_logits off by {me:.3e}"
 
 
 def test_gpu_oracle_matches_the_numpy_reference():

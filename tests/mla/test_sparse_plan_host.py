@@ -118,6 +118,31 @@ def test_unmergeable_q_is_packed_and_flags_follow_the_features():
     assert one.config()[0] == "sparse" and one.config() != _problem(s_q=1, sink=True).config()
 
 
+def test_the_sink_folds_into_the_dense_epilogue_where_no_item_is_split():
+    """With attn_sink, the dense kernel applies the sink in its epilogue (FLAG_SINK, out = O / (L + exp(sink)
+    in the row's units)) when its family's epilogue can (seesaw, first kernel) and no item is split (the
+    balanced grid without cuts, or one split); the finish launch then neither scales out nor runs at all
+    for s_q 1. Otherwise (narrow / FP8 kernels, split items) the finish launch scales out as before."""
+    one = _problem(s_q=1, sink=True, extra=True)
+    fam = FAMILIES
+    assert sparse.fold_sink(one, fam["seesaw_bal_cp"], 132, True) and sparse.fold_sink(one, fam["seesaw"], 1, False)
+    assert sparse.fold_sink(one, fam["mma"], 1, False) and sparse.fold_sink(one, fam["seesaw_nope_bal"], 66, True)
+    assert not sparse.fold_sink(one, fam["seesaw"], 2, False)          # split items: the merge does not apply it
+    assert not sparse.fold_sink(one, fam["narrow16_fp8"], 1, False) and not sparse.fold_sink(one, fam["wide64_fp8"], 1, False)
+    assert not sparse.fold_sink(_problem(s_q=1), fam["seesaw_bal_cp"], 132, True)  # no sink
+    assert not sparse.needs_finish(one, fold_sink=True) and sparse.needs_finish(one)
+    assert sparse.needs_finish(_problem(s_q=2, sink=True), fold_sink=True)        # the LSE transpose stays
+    f = sparse.args_fields(one, _Ws(), 0x9000, (16 * 512, 16 * 512, 512, 1), 0x8000, 0x8000, fold_sink=True)
+    assert f["flags"] == sparse.FLAG_OUT_BF16
+    dense = sparse.dense_problem(one, 1, 2, 0, fold_sink=True)
+    assert dense.sink_ptr == one.attn_sink.ptr and sparse.dense_problem(one, 1, 2, 0).sink_ptr == 0
+    v = MlaVariant(FAMILIES["seesaw_bal_cp"], "bfloat16")
+    a = mla_plan.args_fields(dense, v, (512, 0, 512), 0x9000, 0x8000, None, 132)
+    assert a["flags"] & ks.FLAG_SINK and a["sink"] == one.attn_sink.ptr
+    assert not mla_plan.args_fields(sparse.dense_problem(one, 1, 2, 0), v, (512, 0, 512), 0x9000, 0x8000, None,
+                                    132)["flags"] & ks.FLAG_SINK
+
+
 def test_every_arch_builds_both_entries():
     for arch in ("sm_90a", "sm_100a", "sm_110a"):
         assert [v.name for v in sparse.variants_for_arch(arch)] == ["mla_sparse_gather", "mla_sparse_finish"]

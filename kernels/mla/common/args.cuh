@@ -37,6 +37,10 @@
 #define MLA_FLAG_CAUSAL 1       // bottom-right causal mask (only meaningful for s_q > 1)
 #define MLA_FLAG_MAX_LOGITS 2   // also write each row's max logit (natural units) at lse + max_offset
 #define MLA_FLAG_NO_CUT 4       // balanced grid: never share a request between CTAs (work_items.cuh)
+#define MLA_FLAG_SINK 16        // out = O / (L + 2^(sink[head] log2 e - m)): the attention sink in the epilogue
+                                //   (nsplit 1 items of the store_out_rows kernels only; the host decides)
+#define MLA_FLAG_KV_REUSE 8     // cp.async seesaw: K rows with an L2 evict_last policy, Q with evict_first
+                                //   (the sparse prefill: every kv row is read by many query tokens)
 
 struct MlaDecodeArgs {
   const u16* q;              // [b, s_q, h_q, 576]   strides q_stride_{b,s,h}, last dim contiguous
@@ -74,4 +78,5 @@ struct MlaDecodeArgs {
   int flags;                 // MLA_FLAG_* bits
   float scale_log2;          // softmax_scale * log2(e)
   int max_offset;            // MLA_FLAG_MAX_LOGITS: elements from a row's lse to its max_logits (else 0)
+  const float* sink;         // [h_q] fp32 attention sink (natural units) with MLA_FLAG_SINK, else null
 };

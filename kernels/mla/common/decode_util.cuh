@@ -167,9 +167,14 @@ GQADRV_DEVICE void sum_rows_2wg(float* lsum, float l_lo, float l_hi, int lo, int
 // A finished row's statistics: lse = ln 2 * (log2 L + m) (+inf when L == 0, no key), and with
 // MLA_FLAG_MAX_LOGITS its max logit ln 2 * m (-inf when L == 0) at lse + max_offset. m: the running
 // max of the row's scaled logits in the log2 domain; L: the row sum relative to it.
-GQADRV_DEVICE void store_row_stats(const MlaDecodeArgs& a, float* lse, float L, float m) {
+// x: the row's exact max scaled logit when m is a lazy running max (below it by at most the kernel's
+// slack; the seesaw tracks both), else m.
+GQADRV_DEVICE void store_row_stats(const MlaDecodeArgs& a, float* lse, float L, float m, float x) {
   *lse = L > 0.f ? (fast_log2(L) + m) * LN2 : pos_inf();
-  if (a.flags & MLA_FLAG_MAX_LOGITS) lse[a.max_offset] = L > 0.f ? m * LN2 : neg_inf();
+  if (a.flags & MLA_FLAG_MAX_LOGITS) lse[a.max_offset] = L > 0.f ? x * LN2 : neg_inf();
+}
+GQADRV_DEVICE void store_row_stats(const MlaDecodeArgs& a, float* lse, float L, float m) {
+  store_row_stats(a, lse, L, m, m);
 }
 
 // The thread's two rows, as the stores below need them.
@@ -178,7 +183,16 @@ struct RowPair {
   bool v_lo, v_hi;   // valid rows (row0 + r < M): the only ones stored
   float m_lo, m_hi;  // running max (log2 domain)
   float L_lo, L_hi;  // row sums
+  float x_lo, x_hi;  // exact max scaled logit (log2 domain; max_logits), = m_* where the running max is exact
+  float d_lo, d_hi;  // added to L in out's normaliser: the attention sink's 2^(sink log2 e - m) (sink_term), or 0
 };
+// The attention sink's share of a row's normaliser (MLA_FLAG_SINK): exp(sink) in the row's units,
+// 2^(sink[head] log2 e - m) for packed row `row` of KV head kvh (head kvh * group + row % group); +inf
+// for a sink of +inf (out 0), 0 for -inf (out unchanged); 0 without the flag.
+GQADRV_DEVICE float sink_term(const MlaDecodeArgs& a, int kvh, int row, float m) {
+  if (!(a.flags & MLA_FLAG_SINK)) return 0.f;
+  return fast_exp2(a.sink[kvh * a.group + row % a.group] * 1.4426950408889634f - m);
+}
 #ifndef MLA_OUT_V16
 #define MLA_OUT_V16 1  // store_out_rows: 16-byte chunks after a quad transpose (0: one 4-byte store per pair)
 #endif
@@ -205,12 +219,14 @@ GQADRV_DEVICE void store_row_v16(u16* row, int t, bool store, Pair p) {
     if (store) *reinterpret_cast<U32x4*>(row + 8 * (4 * k + t)) = U32x4{a0, a1, a2, a3};
   }
 }
-// S == 1: out = O / L (q dtype); lse (and max_logits) by store_row_stats (+inf and zeros for L == 0),
+// S == 1: out = O / (L + d) (q dtype; d: the sink's term, RowPair); lse (and max_logits, both without the
+// sink) by store_row_stats (+inf and zeros for L == 0),
 // written by warpgroup 0. out_row(r) / lse_at(r): the out row / lse element of the block's row r.
 template <int DT, class OutRow, class LseAt>
 GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128], const RowPair& rp, int wg, int t,
                                   OutRow out_row, LseAt lse_at) {
-  const float inv_lo = rp.L_lo > 0.f ? 1.f / rp.L_lo : 0.f, inv_hi = rp.L_hi > 0.f ? 1.f / rp.L_hi : 0.f;
+  const float inv_lo = rp.L_lo > 0.f ? 1.f / (rp.L_lo + rp.d_lo) : 0.f;
+  const float inv_hi = rp.L_hi > 0.f ? 1.f / (rp.L_hi + rp.d_hi) : 0.f;
 #if MLA_OUT_V16
   store_row_v16(rp.v_lo ? out_row(rp.lo) + 256 * wg : nullptr, t, rp.v_lo,
                 [&](int j) { return pack2<DT>(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo); });
@@ -231,8 +247,8 @@ GQADRV_DEVICE void store_out_rows(const MlaDecodeArgs& a, const float (&o)[128],
   }
 #endif
   if (wg == 0 && t == 0) {
-    if (rp.v_lo) store_row_stats(a, lse_at(rp.lo), rp.L_lo, rp.m_lo);
-    if (rp.v_hi) store_row_stats(a, lse_at(rp.hi), rp.L_hi, rp.m_hi);
+    if (rp.v_lo) store_row_stats(a, lse_at(rp.lo), rp.L_lo, rp.m_lo, rp.x_lo);
+    if (rp.v_hi) store_row_stats(a, lse_at(rp.hi), rp.L_hi, rp.m_hi, rp.x_hi);
   }
 }
 // S > 1: the unnormalised fp32 O and {m, L} of the valid rows to the workspace, partial row slot0 + r

@@ -42,6 +42,7 @@
 //           p < ceil(len / page_size).
 // Split     S == 1: out = O / l (q dtype), lse = ln 2 * (log2 l + m), +inf and zeros for l == 0.
 //           With MLA_FLAG_MAX_LOGITS also max logit = ln 2 * m at lse + max_offset (-inf for l == 0).
+//           With MLA_FLAG_SINK (S == 1 only; the host decides) out = O / (l + 2^(sink[head] log2 e - m)).
 //           S > 1: unnormalised fp32 O and {m, l} of every valid row go to the workspace (empty
 //           splits write m = -1e30, l = 0, O = 0), then __syncthreads, thread 0 takes a ticket
 //           (atom.acq_rel.gpu on counters[b, kvh, mb]), __syncthreads; the CTA drawing S - 1 merges
@@ -372,7 +373,8 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     return a.lse + ((long long)b * a.h_q + kvh * group + h) * a.s_q + s;
   };
 
-  const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
+  const RowPair rp{r_lo,  r_hi,  v_lo, v_hi, m_lo, m_hi, L_lo, L_hi, m_lo, m_hi,
+                   sink_term(a, kvh, row0 + r_lo, m_lo), sink_term(a, kvh, row0 + r_hi, m_hi)};
   if (S == 1) {
     store_out_rows<DT>(a, o, rp, wg, t, out_row, lse_at);
     return;

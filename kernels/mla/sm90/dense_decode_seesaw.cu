@@ -37,8 +37,10 @@
 //           running max by more than 8 (log2 units; P <= 2^8), so most pairs have a0 = a1 = 1; a warp
 //           whose factors are all 1 skips its O rescale and the wgmma wait in front of it, and WG0 then
 //           stores P0 to sP0 from the registers P0 V0L is still reading (reads only) instead of
-//           repacking P0 a1 after that product retired. Launches with MLA_FLAG_MAX_LOGITS (they report
-//           the running max as max_logits) keep the exact max.
+//           repacking P0 a1 after that product retired. Launches with MLA_FLAG_MAX_LOGITS (the sparse
+//           prefill's max_logits) keep the lazy max too and fold every tile's row max into an exact one
+//           beside it (x_lo / x_hi per warpgroup; WG1's to WG0 through sXM in the epilogue), which
+//           they report; only their split items (the merge reads {m, l}) run the exact running max.
 //           Within a warpgroup warp wi owns rows 16wi .. 16wi+15; lane 4g + t holds rows 16wi + g and
 //           16wi + g + 8 (wgmma C layout), the same rows in both warpgroups.
 // Smem map  (dynamic, base rounded up to 1024 B; all blocks 1024-aligned)
@@ -49,7 +51,7 @@
 //           [216K, 224K)  sP1 64 x 64 (K-major, swizzled; A of WG0's SS P V)
 //           + sM[64], sScale0[64], sScale1[64], lsum[2][64] (fp32), 24 mbarriers (full[2][9],
 //           empty[2][2], q, q_empty), ticket, the balanced schedule's scan / start (20 ints) and
-//           won merges (2 x 3 ints)
+//           won merges (2 x 3 ints), sXM[64] (fp32: WG1's exact row maxima of an item, read by WG0)
 //           merge: the K slots hold the [64][S] merge weights after the main loop.
 // Loads     producer warpgroup, cp.async 16 B with zero-fill (src-size 0) for token rows >= tok_end (no
 //           global read, no block-table read); each warp instruction copies 4 rows x 128 B of one cb.
@@ -62,8 +64,15 @@
 //           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
 //           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
 // d_qk 512 (MLA_NOPE=1, sparse prefill without RoPE channels; cp.async path only): q and K rows hold
-//           512 channels; the producer zero-fills channel block 8 of Q and of every K tile instead of
-//           reading it, so Q K^T over the 9 blocks equals the 512-channel product.
+//           512 channels; channel block 8 is neither loaded nor multiplied (NCB_QK = 8: Q K^T over
+//           blocks 0..7; its full barriers are never armed or waited on; sP0 still aliases K0's block 8).
+//           MLA_NOPE_SKIP=0 (experiment seesaw_nope_bal_nb9) zero-fills block 8 and multiplies it.
+// L2 hints  (cp.async producers, MLA_KV_HINT=1) every K and Q copy carries an L2 cache policy and the
+//           256-byte L2 prefetch (cp_async_16_l2): with MLA_FLAG_KV_REUSE (the sparse prefill, whose
+//           query tokens read the same kv rows) K evict_last and Q evict_first, else evict_normal.
+// Sink      with MLA_FLAG_SINK (the sparse paths, items without splits only; the host decides) out =
+//           O / (L + 2^(sink[head] log2 e - m)) in store_out_rows (decode_util.cuh sink_term), i.e.
+//           FlashMLA's attention-sink factor 1 / (1 + exp(sink - lse)) without a pass over out.
 // Q / items q (count: the Q loaders) completes once per item with pairs; q_empty (count 8, one
 //           arrival per consumer warp once the item's last Q K^T retired) lets the Q loaders write the
 //           next item's Q (cp.async balanced builds: the whole producer warpgroup, before the item's
@@ -156,7 +165,8 @@ constexpr u32 OFF_BAR = OFF_LSUM + 512;   // full[2][9], empty[2][2], bar_q
 constexpr u32 OFF_TICKET = OFF_BAR + 192;
 constexpr u32 OFF_SCHED = OFF_TICKET + 16;  // balanced schedule: 12 warp sums, the CTA's start (5 ints)
 constexpr u32 OFF_MERGE = OFF_SCHED + 80;   // merges won: {request, first slot, splits} x 2 (request -1: none)
-constexpr u32 SMEM_USED = OFF_MERGE + 48;
+constexpr u32 OFF_XM = OFF_MERGE + 48;      // WG1's exact row maxima of an item (max_logits), read by WG0
+constexpr u32 SMEM_USED = OFF_XM + 256;
 static_assert(SMEM_USED + 1024 <= MLA_SMEM_BYTES, "MLA_SMEM_BYTES too small for the seesaw smem map (+1 KB alignment slack)");
 static_assert(64u * MLA_MAX_SPLITS * 4u <= 2u * TILE, "merge weights must fit in the K slots");
 static_assert(MLA_BLOCK_M == 64 && MLA_BLOCK_N == 64, "tiling is fixed");
@@ -186,6 +196,17 @@ enum : int { BAR_SCALE0 = 1, BAR_SCALE1 = 2, BAR_P0 = 3, BAR_P1 = 4, BAR_EPI = 5
 #endif
 static_assert(!(MLA_TMA_K && MLA_FP8), "the FP8 build loads K through registers, not by TMA");
 static_assert(!(MLA_NOPE && (MLA_TMA_K || MLA_FP8)), "MLA_NOPE (d_qk 512) is built on the cp.async bf16 / fp16 path");
+#ifndef MLA_NOPE_SKIP
+#define MLA_NOPE_SKIP 1  // MLA_NOPE: channel block 8 neither loaded nor multiplied (0: zero-filled and multiplied)
+#endif
+// Channel blocks of Q K^T: 9, or 8 for 512-channel rows (block 8 would be zeros on both sides).
+constexpr int NCB_QK = (MLA_NOPE && MLA_NOPE_SKIP) ? 8 : NCB;
+#ifndef MLA_KV_HINT
+#define MLA_KV_HINT 1  // cp.async producers: L2 policies (MLA_FLAG_KV_REUSE) and the 256-byte L2 prefetch
+#endif
+#ifndef MLA_MAXLOG_LAZY
+#define MLA_MAXLOG_LAZY 1  // MLA_FLAG_MAX_LOGITS items without splits: lazy running max, exact max tracked beside
+#endif
 
 
 // After a consumer's wait on a full barrier: cp.async data (generic proxy) needs a proxy fence
@@ -230,11 +251,15 @@ GQADRV_DEVICE void handoff_publish(u32 bar) {
 // Running max after a tile whose row max is m_tile: unchanged unless m_tile exceeds it by more than
 // MLA_LAZY_LOG2 (log2 units), so P = 2^(S - m) stays below 2^MLA_LAZY_LOG2 (exact in bf16 / fp16 range,
 // and the row sums in fp32) and most pairs need no rescale of O at all. 0: the exact running max.
-// Launches that also write each row's max logit (MLA_FLAG_MAX_LOGITS: the sparse prefill) keep the
-// exact max, since the running max is what they report.
-GQADRV_DEVICE float lazy_max(const MlaDecodeArgs& a, float m_old, float m_tile) {
-  const float slack = (a.flags & MLA_FLAG_MAX_LOGITS) ? 0.f : (float)MLA_LAZY_LOG2;
+// `exact`: the exact running max (items whose max_logits come from the split merge's {m, l}, or every
+// MLA_FLAG_MAX_LOGITS item with MLA_MAXLOG_LAZY=0); other items with MLA_FLAG_MAX_LOGITS (the sparse
+// prefill) report the exact maximum the consumers track beside the lazy one (x_lo / x_hi, sXM).
+GQADRV_DEVICE float lazy_max(bool exact, float m_old, float m_tile) {
+  const float slack = exact ? 0.f : (float)MLA_LAZY_LOG2;
   return m_tile > m_old + slack ? m_tile : m_old;
+}
+GQADRV_DEVICE bool exact_max_item(const MlaDecodeArgs& a, int nsplit) {
+  return (a.flags & MLA_FLAG_MAX_LOGITS) && (nsplit > 1 || !MLA_MAXLOG_LAZY);
 }
 // Whether any row of this warp has a rescale factor other than 1 (warp-uniform: a skipped rescale
 // also skips the wgmma wait before it).
@@ -257,16 +282,24 @@ GQADRV_DEVICE void tile_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh,
 // cp.async of channel blocks [C0, C1) of one tile into `slot` by the producer warpgroup (4 copies
 // of 16 B per thread and block: 4 rows x 128 B per warp instruction), one noinc arrival per thread
 // and block on full[slot][cb].
+// With MLA_KV_HINT the copies carry L2 policy `pol` and the 256-byte prefetch (cp_async_16_l2).
 template <int C0, int C1>
-GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4], const u16* any, int pw, int lane) {
+GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4], const u16* any, int pw, int lane,
+                               u64 pol) {
   const int u = lane & 7;
 #pragma unroll
   for (int c = C0; c < C1; ++c) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int r = 16 * pw + 4 * q + (lane >> 3);
-      const bool ok = p[q] != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: the RoPE block is zeros
-      cp_async_16(slot + (u32)c * CB + swz(r, u), ok ? (const void*)(p[q] + c * 64) : (const void*)any, ok ? 16u : 0u);
+      const bool ok = p[q] != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE (MLA_NOPE_SKIP=0): block 8 zeros
+      const void* src = ok ? (const void*)(p[q] + c * 64) : (const void*)any;
+#if MLA_KV_HINT
+      cp_async_16_l2(slot + (u32)c * CB + swz(r, u), src, ok ? 16u : 0u, pol);
+#else
+      (void)pol;
+      cp_async_16(slot + (u32)c * CB + swz(r, u), src, ok ? 16u : 0u);
+#endif
     }
     cp_async_mbar_arrive_noinc(bar_slot0 + 8u * (u32)c);
   }
@@ -556,6 +589,14 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     // cp.async and FP8 producers: every thread copies. Split grid: its single item; balanced grid
     // (bf16 / fp16 only): the CTA's items in turn, each item's Q once the previous item's last Q K^T
     // retired (q_empty), its pairs after the previous item's (the K phases run on over the CTA's pairs).
+#if MLA_KV_HINT && !MLA_FP8
+    // L2 policies: with MLA_FLAG_KV_REUSE (sparse prefill) K rows stay (evict_last) and Q, read once, goes first
+    const bool reuse = (a.flags & MLA_FLAG_KV_REUSE) != 0;
+    const u64 k_pol = reuse ? l2_policy_evict_last() : l2_policy_evict_normal();
+    const u64 q_pol = reuse ? l2_policy_evict_first() : l2_policy_evict_normal();
+#else
+    const u64 k_pol = 0, q_pol = 0;
+#endif
 #if MLA_BALANCED
 #pragma unroll 1
     while (next_item(w, last_row)) {
@@ -573,10 +614,15 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           const int r = 16 * pw + 4 * q + (lane >> 3), rg = row0 + r;
           const u16* src = rg < M ? q_row_ptr(a, w.req, kvh, rg) + u * 8 : nullptr;
 #pragma unroll
-          for (int c = 0; c < NCB; ++c) {
+          for (int c = 0; c < NCB_QK; ++c) {
             const bool ok = src != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: q rows of 512, block 8 zeros
-            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), ok ? (const void*)(src + c * 64) : (const void*)a.q,
-                        ok ? 16u : 0u);
+            const void* from = ok ? (const void*)(src + c * 64) : (const void*)a.q;
+#if MLA_KV_HINT && !MLA_FP8
+            cp_async_16_l2(sb + OFF_Q + (u32)c * CB + swz(r, u), from, ok ? 16u : 0u, q_pol);
+#else
+            (void)q_pol;
+            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), from, ok ? 16u : 0u);
+#endif
           }
         }
         cp_async_mbar_arrive_noinc(q_bar(sb));
@@ -621,13 +667,13 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         tile_rows(a, bt_row, kvh, T0, tok_end, pw, lane, p0);
         tile_rows(a, bt_row, kvh, T0 + 1, tok_end, pw, lane, p1);
         mbar_wait_wd(empty_bar(sb, 0, 0), pe);
-        load_blocks<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane);
+        load_blocks<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane, k_pol);
         mbar_wait_wd(empty_bar(sb, 1, 1), pe);
-        load_blocks<4, 9>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
+        load_blocks<4, NCB_QK>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane, k_pol);
         mbar_wait_wd(empty_bar(sb, 0, 1), pe);
-        load_blocks<4, 9>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane);
+        load_blocks<4, NCB_QK>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane, k_pol);
         mbar_wait_wd(empty_bar(sb, 1, 0), pe);
-        load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane);
+        load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane, k_pol);
       }
 #if !MLA_BALANCED
       cp_async_wait_all();
@@ -676,6 +722,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float l_lo = 0.f, l_hi = 0.f;
+  const bool exact = exact_max_item(a, w.nsplit);
+  float x_lo = neg_inf(), x_hi = neg_inf();  // exact row maxima of this warpgroup's tiles (max_logits)
   float s[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -690,11 +738,11 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     wgmma_fence();
     if (wg == 0) {
 #pragma unroll
-      for (int c = 0; c < NCB; ++c) qk_block_waited(s, sb, 0, c, ph0, c == 0);
+      for (int c = 0; c < NCB_QK; ++c) qk_block_waited(s, sb, 0, c, ph0, c == 0);
     } else {
 #pragma unroll
-      for (int i = 0; i < NCB; ++i) {
-        const int c = i < 5 ? 4 + i : i - 5;  // 4..8, 0..3 (fill order)
+      for (int i = 0; i < NCB_QK; ++i) {
+        const int c = i < NCB_QK - 4 ? 4 + i : i - (NCB_QK - 4);  // 4..8 (4..7), 0..3 (fill order)
         qk_block_waited(s, sb, 1, c, ph0, i == 0);
       }
     }
@@ -712,8 +760,10 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         // softmax of S0 against the shared running max
         float mx_lo, mx_hi;
         mask_row_max(s, sc, T0, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        x_lo = fmaxf(x_lo, mx_lo);
+        x_hi = fmaxf(x_hi, mx_hi);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
+        const float mn_lo = lazy_max(exact, mo_lo, mx_lo), mn_hi = lazy_max(exact, mo_hi, mx_hi);
         const float a0_lo = fast_exp2(mo_lo - mn_lo), a0_hi = fast_exp2(mo_hi - mn_hi);
         publish_max(sM, sSc0, r_lo, r_hi, t, mn_lo, mn_hi, a0_lo, a0_hi);
         float sum_lo, sum_hi;
@@ -774,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           wgmma_wait<4>();
           release(empty_bar(sb, 1, 0), lane);
 #pragma unroll
-          for (int c = 4; c < NCB; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, false);
+          for (int c = 4; c < NCB_QK; ++c) qk_block_waited(s, sb, 0, c, ph ^ 1u, false);
         }
         wgmma_wait<0>();
         reg_fence(o);
@@ -791,9 +841,11 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const u32 ph = (u32)((gp + it) & 1);
         float mx_lo, mx_hi;
         mask_row_max(s, sc, T1, t, lim_lo, lim_hi, lim_min, mx_lo, mx_hi);
+        x_lo = fmaxf(x_lo, mx_lo);
+        x_hi = fmaxf(x_hi, mx_hi);
         named_bar_sync(BAR_SCALE0, 256);
         const float mo_lo = sM[r_lo], mo_hi = sM[r_hi];
-        const float mn_lo = lazy_max(a, mo_lo, mx_lo), mn_hi = lazy_max(a, mo_hi, mx_hi);
+        const float mn_lo = lazy_max(exact, mo_lo, mx_lo), mn_hi = lazy_max(exact, mo_hi, mx_hi);
         const float a1_lo = fast_exp2(mo_lo - mn_lo), a1_hi = fast_exp2(mo_hi - mn_hi);
         const float f_lo = a1_lo * sSc0[r_lo], f_hi = a1_hi * sSc0[r_hi];
         publish_max(sM, sSc1, r_lo, r_hi, t, mn_lo, mn_hi, a1_lo, a1_hi);
@@ -842,8 +894,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           // next S1: cb 4..8, then cb 0..3 (refilled after WG0's sP1 V1L)
           wgmma_fence();
 #pragma unroll
-          for (int i = 0; i < NCB; ++i) {
-            const int c = i < 5 ? 4 + i : i - 5;
+          for (int i = 0; i < NCB_QK; ++i) {
+            const int c = i < NCB_QK - 4 ? 4 + i : i - (NCB_QK - 4);
             qk_block_waited(s, sb, 1, c, ph ^ 1u, i == 0);
           }
         }
@@ -868,10 +920,20 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #endif
   MLA_MARK(a, 3 + 3 * ti, ti < 3 && tid == 0);
 
-  // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM)
+  // ---- row sums over the quad, then over the two warpgroups (both relative to the final sM); WG1's
+  // exact row maxima to WG0 (published before the same barrier, read after it)
+  float* sXM = reinterpret_cast<float*>(smem + OFF_XM);
+  if (wg == 1 && t == 0) {
+    sXM[r_lo] = x_lo;
+    sXM[r_hi] = x_hi;
+  }
   float L_lo, L_hi;
   sum_rows_2wg(reinterpret_cast<float*>(smem + OFF_LSUM), l_lo, l_hi, r_lo, r_hi, wg, t,
                [] { named_bar_sync(BAR_EPI, 256); }, L_lo, L_hi);
+  if (wg == 0) {  // before the balanced builds' second BAR_EPI, after which WG1 may write the next item's
+    x_lo = fmaxf(x_lo, sXM[r_lo]);
+    x_hi = fmaxf(x_hi, sXM[r_hi]);
+  }
   const float m_lo = sM[r_lo], m_hi = sM[r_hi];
   const bool v_lo = row0 + r_lo < M, v_hi = row0 + r_hi < M;
 #if MLA_BALANCED
@@ -886,7 +948,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   __syncwarp();
 #endif
 
-  const RowPair rp{r_lo, r_hi, v_lo, v_hi, m_lo, m_hi, L_lo, L_hi};
+  const RowPair rp{r_lo,  r_hi,  v_lo, v_hi, m_lo, m_hi, L_lo, L_hi, x_lo, x_hi,
+                   sink_term(a, kvh, row0 + r_lo, m_lo), sink_term(a, kvh, row0 + r_hi, m_hi)};
   if (w.nsplit == 1) {
     store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, w.req, kvh, row0 + r); },
                        [&](int r) { return lse_ptr(a, w.req, kvh, row0 + r); });
