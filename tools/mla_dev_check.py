@@ -656,12 +656,14 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
     seesaw_items_model([npairs], seed, tma=tma, tails=[tail], balanced=False)
 
 
-def balanced_model(items: list, seed: int, tails: list | None = None) -> None:
-    """seesaw_bal (TMA, MLA_BALANCED=1) over one CTA's work items: see seesaw_items_model."""
-    seesaw_items_model(list(items), seed, tma=True, tails=tails, balanced=True)
+def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False) -> None:
+    """seesaw_bal (TMA, MLA_BALANCED=1) or seesaw_bal_cp (``tma`` False: the cp.async producer walking the
+    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1. See seesaw_items_model."""
+    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry)
 
 
-def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool) -> None:
+def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool,
+                       carry: bool = False) -> None:
     """Transcription of dense_decode_seesaw.cu for one CTA: ``items`` = pairs per work item (0: an
     empty request the CTA answers; the split grid has one item with >= 1 pair). Agents: the consumer
     warpgroups WG0 / WG1 and the producer: with ``tma`` (MLA_TMA_K=1) the TMA thread (one full barrier
@@ -674,9 +676,12 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
     them). ``balanced`` (MLA_BALANCED=1): K barrier phases run on over the CTA's pairs, every pair's
     halves are released (also an item's last), sM is reset behind the epilogue barrier; the split
     grid releases only halves that a later pair refills. Both end with the merge weights written into
-    the K slots, which must find no load or wgmma in flight."""
+    the K slots, which must find no load or wgmma in flight. The balanced cp.async producer loads each
+    item's Q (after q_empty of the previous one) before the item's pairs. ``carry`` (MLA_CARRY_S=1,
+    balanced): an item's epilogue, after its shared-memory traffic, waits for the next item's Q and issues
+    that item's first Q K^T, which it retires before the item ends; the next item then skips its prologue."""
     assert balanced or len(items) == 1, "the split grid has one work item"
-    assert tma or not balanced, "the balanced grid is built on the TMA producer"
+    assert balanced or not carry, "MLA_CARRY_S needs the balanced grid"
     tails = tails or [(False, False)] * len(items)
     m = Machine(random.Random(seed))
     for s_ in range(2):
@@ -709,9 +714,14 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
             if tma:  # one TMA per half: its barrier completes when every block of the half landed
                 yield ("noinc", FULL(slot, c0))
 
-        if not tma:  # the cp.async producer warpgroup loads Q itself first
+        if not tma and not balanced:  # the split grid's cp.async producer warpgroup loads Q itself first
             yield from q_loader()
-        for k in with_pairs:
+        for nq, k in enumerate(with_pairs):
+            if not tma and balanced:  # the balanced cp.async producer: each item's Q before its pairs
+                if nq > 0:
+                    yield ("wait", "qe", (nq - 1) & 1)
+                yield ("load", ("Q",), ("q", k))
+                yield ("noinc", "q")
             for it in range(items[k]):
                 g = base[k] + it
                 T0, pe = 2 * g, (g & 1) ^ 1
@@ -724,13 +734,26 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 yield ("wait", EMPTY(1, 0), pe)
                 yield from fill(1, 0, 4, T0 + 1)
 
-    def epilogue(wg, k, last_tag):
+    order1 = [4, 5, 6, 7, 8, 0, 1, 2, 3]
+
+    def first_qk(wg, k, what):
+        """Item k's first Q K^T on slot wg (no wait for it)."""
+        q, b0 = [(("Q",), ("q", k))], base[k]
+        for c in (range(9) if wg == 0 else order1):
+            yield ("wait", FULL(wg, c), b0 & 1)
+            yield ("gemm", q + [(KB(wg, c), ("tile", 2 * b0 + wg, c))], f"wg{wg} item{k} {what} QK cb{c}")
+
+    def epilogue(wg, k, last_tag, nq):
         yield ("nb_sync", 5)  # sum_rows_2wg
         yield ("read", ("sM",), last_tag, f"wg{wg} item{k} epilogue sM")
         if balanced:
             yield ("nb_sync", 5)  # every thread has read sM: reset
             if wg == 0:
                 yield ("write", ("sM",), ("init", k + 1), f"wg0 item{k} sM reset")
+        if carry and k + 1 < len(items) and items[k + 1] > 0:  # the out stores (global) overlap it
+            yield ("wait", "q", nq & 1)
+            yield from first_qk(wg, k + 1, "carried")
+            yield ("wait_group", 0)
 
     def merge_weights(wg):
         yield ("nb_sync", 5)
@@ -742,14 +765,13 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
         for k, n in enumerate(items):
             tail = tails[k]
             if n == 0:
-                yield from epilogue(0, k, ("init", k))
+                yield from epilogue(0, k, ("init", k), nq)
                 continue
             q = [(("Q",), ("q", k))]
             b0 = base[k]
-            yield ("wait", "q", nq & 1)
-            for c in range(9):
-                yield ("wait", FULL(0, c), b0 & 1)
-                yield ("gemm", q + [(KB(0, c), ("tile", 2 * b0, c))], f"wg0 item{k} prologue QK cb{c}")
+            if not (carry and k > 0):
+                yield ("wait", "q", nq & 1)
+                yield from first_qk(0, k, "prologue")
             yield ("wait_group", 0)
             if n == 1:
                 yield ("arrive", "qe")
@@ -796,23 +818,22 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
-            yield from epilogue(0, k, ("m1", b0 + n - 1))
+            yield from epilogue(0, k, ("m1", b0 + n - 1), nq)
         yield from merge_weights(0)
 
     def wg1():
         nq = 0
-        order = [4, 5, 6, 7, 8, 0, 1, 2, 3]
+        order = order1
         for k, n in enumerate(items):
             tail = tails[k]
             if n == 0:
-                yield from epilogue(1, k, ("init", k))
+                yield from epilogue(1, k, ("init", k), nq)
                 continue
             q = [(("Q",), ("q", k))]
             b0 = base[k]
-            yield ("wait", "q", nq & 1)
-            for c in order:
-                yield ("wait", FULL(1, c), b0 & 1)
-                yield ("gemm", q + [(KB(1, c), ("tile", 2 * b0 + 1, c))], f"wg1 item{k} prologue QK cb{c}")
+            if not (carry and k > 0):
+                yield ("wait", "q", nq & 1)
+                yield from first_qk(1, k, "prologue")
             yield ("wait_group", 0)
             if n == 1:
                 yield ("arrive", "qe")
@@ -854,7 +875,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
-            yield from epilogue(1, k, ("m1", b0 + n - 1))
+            yield from epilogue(1, k, ("m1", b0 + n - 1), nq)
         yield from merge_weights(1)
 
     agents = {"producer": k_producer(), "wg0": wg0(), "wg1": wg1()}
@@ -1172,6 +1193,15 @@ def protocol_model(seeds: int = 40) -> list[str]:
                     balanced_model(list(items), seed, [tails] * len(items))
                 except ModelError as exc:
                     problems.append(f"seesaw_bal items {items} tail {tails} seed {seed}: {exc}")
+                    break
+        # the cp.async producer walking the items (seesaw_bal_cp), and MLA_CARRY_S on both producers
+        for tma, carry in ((False, False), (False, True), (True, True)):
+            for seed in range(seeds // 2):
+                try:
+                    balanced_model(list(items), seed, tma=tma, carry=carry)
+                except ModelError as exc:
+                    problems.append(f"seesaw_bal{'' if tma else '_cp'}{' carry' if carry else ''} items {items} "
+                                    f"seed {seed}: {exc}")
                     break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):

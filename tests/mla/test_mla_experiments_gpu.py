@@ -252,3 +252,62 @@ def test_prefill_builds_agree():
     r = _run_experiment_script(PREFILL_SCRIPT, 900)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+OVERLAP_SCRIPT = textwrap.dedent("""
+    import cupy as cp, numpy as np, gqadrv
+    failures = []
+    rs = np.random.default_rng(21)
+    # dense: many short requests per CTA (whole items), a skewed batch (cut items), pages 64 (TMA) / 16 (cp.async)
+    cases = [(512, 64, [int(x) for x in rs.integers(1, 700, 512)], 64, "seesaw_bal"),
+             (256, 128, [int(x) for x in rs.integers(0, 300, 256)], 64, "seesaw_bal"),
+             (64, 64, [9000] + [int(x) for x in rs.integers(1, 400, 63)], 64, "seesaw_bal"),
+             (512, 64, [int(x) for x in rs.integers(1, 700, 512)], 16, "seesaw_bal_cp"),
+             (64, 128, [9000] + [int(x) for x in rs.integers(1, 400, 63)], 16, "seesaw_bal_cp")]
+    for i, (b, h_q, lens, page, base) in enumerate(cases):
+        mb = -(-max(lens) // page)
+        k = cp.asarray((rs.standard_normal((b * mb, page, 1, 576)) / 10).astype(np.float16))
+        q = cp.asarray((rs.standard_normal((b, 1, h_q, 576)) / 10).astype(np.float16))
+        bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
+        sl = cp.asarray(np.array(lens, np.int32))
+        res = {}
+        for v in (base, base + "_carry", base + "_qpf", base + "_cq"):
+            p = gqadrv.prepare_mla_decode(q, k, bt, sl, backend=v)
+            runs = []
+            for _ in range(2):
+                o, l = gqadrv.launch_prepared(p)
+                runs.append((cp.asnumpy(o).view(np.uint16).copy(), cp.asnumpy(l).copy()))
+            res[v] = runs
+        for v in res:
+            same = all(np.array_equal(x, y, equal_nan=True) for r in range(2) for x, y in zip(res[v][r], res[base][0]))
+            print(f"dense case {i} {v}: bit-identical to {base} on both launches: {same}")
+            if not same:
+                failures.append(f"dense case {i} {v}")
+    # the sparse prefill (sink, max_logits), d_qk 576 and 512 (the seesaw_bal_cp names stand for the nope twins)
+    for d in (576, 512):
+        q = cp.asarray((rs.standard_normal((900, 64, d)) / 4).astype(np.float32)).astype("bfloat16")
+        kv = cp.asarray((rs.standard_normal((700, 1, d)) / 4).astype(np.float32)).astype("bfloat16")
+        idx = cp.asarray(rs.integers(-3, 703, size=(900, 1, 256)).astype(np.int32))
+        sink = cp.asarray(rs.standard_normal(64).astype(np.float32))
+        outs = {v: [cp.asnumpy(x.astype(cp.float32)) for x in gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.1, attn_sink=sink,
+                                                                                         backend=v)]
+                for v in ("seesaw_bal_cp", "seesaw_bal_cp_carry", "seesaw_bal_cp_qpf", "seesaw_bal_cp_cq")}
+        for v, got in outs.items():
+            same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(got, outs["seesaw_bal_cp"]))
+            print(f"sparse prefill d{d} {v}: bit-identical {same}")
+            if not same:
+                failures.append(f"sparse prefill d{d} {v}")
+    print("FAILURES:", failures)
+    raise SystemExit(1 if failures else 0)
+""")
+
+
+def test_item_overlap_builds_are_bit_identical():
+    """``<variant>_carry`` (the next item's first Q K^T issued before the epilogue's out stores,
+    MLA_CARRY_S), ``_qpf`` (the producer's L2 prefetch of the next item's Q, MLA_Q_PREFETCH) and ``_cq`` (both)
+    of seesaw_bal / seesaw_bal_cp / seesaw_nope_bal change only when work is issued: out / lse (and the
+    prefill's max_logits) bit-identical to the default on CTAs walking many items, on cut items and on the
+    sparse prefill with a sink, on two launches of one prepared object."""
+    r = _run_experiment_script(OVERLAP_SCRIPT, 900)
+    print(r.stdout[-4000:])
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
