@@ -267,13 +267,16 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             res[name] = {"error": repr(exc)[:300]}
             return False
 
-    also = list(getattr(args, "mla_sparse_prefill_also", None) or [])
-    if kind == "peer":
-        ours("gqadrv", q, sink)
-        for name in also:
+    def also() -> None:
+        """--mla-sparse-prefill-also: each extra backend on the row's q and sink, diffed against the default."""
+        for name in getattr(args, "mla_sparse_prefill_also", None) or []:
             ours(f"gqadrv@{name}", q, sink, name)
             _diff(cp, res, outs, f"gqadrv@{name}", "gqadrv", "gqadrv")
             outs.pop(f"gqadrv@{name}", None)
+
+    if kind == "peer":
+        ours("gqadrv", q, sink)
+        also()
         ok = peer("flashmla", q, sink)
         _diff(cp, res, outs, "gqadrv", "flashmla", "flashmla")
         if sink_on and (getattr(args, "mla_sparse_prefill_plain", False) or (fm is not None and use_torch and not ok)):
@@ -285,10 +288,7 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             _diff(cp, res, outs, "gqadrv", "gqadrv_plain", "gqadrv_plain")
     elif kind == "pad64":
         ours("gqadrv", q, sink)
-        for name in also:
-            ours(f"gqadrv@{name}", q, sink, name)
-            _diff(cp, res, outs, f"gqadrv@{name}", "gqadrv", "gqadrv")
-            outs.pop(f"gqadrv@{name}", None)
+        also()
         ours("gqadrv_pad64", q_pad, sink_pad)
         peer("flashmla_pad64", q_pad, sink_pad)
         _diff(cp, res, outs, "gqadrv", "gqadrv_pad64", "gqadrv_pad64", heads=h_q)
@@ -367,8 +367,9 @@ def format_table(meta: dict, rows: list) -> str:
                 continue
             rh = rc = None
             what = "-"
-            if _ratio_of(kind, name) is not None:
-                fn, what = _ratio_of(kind, name)
+            ratio_fn = _ratio_of(kind, name)
+            if ratio_fn is not None:
+                fn, what = ratio_fn
                 rh, rc = fn(res, "hot_us"), fn(res, "cold_us")
             ratio = f"{fmt(rh, '.2f')} / {fmt(rc, '.2f')}" if rh is not None or rc is not None else "-"
             diffs = []
