@@ -26,7 +26,10 @@
 # mla_sched (the balanced grid's schedule experiments, GQADRV_MLA_EXPERIMENTS=1, against the default
 # schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, the balanced default, against _nopl2); mla_trace
 # (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
-# by tools/ncu_source_stalls.py to per-role regions and the hottest instructions).
+# by tools/ncu_source_stalls.py to per-role regions and the hottest instructions); prefill_bench (`bench --op
+# mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the balanced seesaw's item-overlap experiments
+# _carry / _qpf / _cq, written 2026-12-06 and not yet run then: their bit-identity test, then the prefill rows
+# beside the default build in one run, GQADRV_MLA_EXPERIMENTS=1).
 # Default: the GQA steps.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
@@ -123,6 +126,13 @@ for step in $STEPS; do
               PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla --rounds 2 --reps 10 \
                 --mla-rows 128,1,128,8192,varlen 128,1,16,8192,varlen 128,1,64,8192,spread 128,1,16,4096,skew \
                 --json "$OUT/mla_varlen.json" > "$OUT/mla_varlen.txt" 2>&1 ;;
+  prefill_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla_sparse_prefill --reps 5 \
+                  --graph-calls 5 --json "$OUT/prefill_bench.json" > "$OUT/prefill_bench.txt" 2>&1 ;;
+  prefill_ab) GQADRV_MLA_EXPERIMENTS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                "tests/mla/test_mla_experiments_gpu.py::test_item_overlap_builds_are_bit_identical" > "$OUT/prefill_ab_tests.txt" 2>&1
+              GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla_sparse_prefill --no-peers --reps 5 --graph-calls 5 \
+                --mla-sparse-prefill-also seesaw_bal_cp_carry seesaw_bal_cp_qpf seesaw_bal_cp_cq \
+                --json "$OUT/prefill_ab.json" > "$OUT/prefill_ab.txt" 2>&1 ;;
   mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
   mla_sanitize) for t in memcheck racecheck; do
                   compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
