@@ -14,7 +14,8 @@ Rows are the bench's `b,s_q,h_q,L[,kind]` (kind uniform / varlen / skew / spread
 each backend group applies to the rows its kernel serves (h_q <= 16 for narrow*, any for seesaw*).
 Stamps: 0 entry, 1 schedule scan done, 2/5/8 item 0/1/2 Q ready (consumer side), 3/6/9 its last tile
 done, 4/7/10 its epilogue done (out stored, or partial stored and ticket drawn), 11 all items done,
-12 merges won done, 13 first K load issued, 14 last K load issued (producer thread); slot 15 holds
+12 merges won done, 13 first K load issued, 14 last K load issued (producer thread; in the cp.async seesaw
+builds: item 0's epilogue after its row sums / before its out stores, consumer thread 0); slot 15 holds
 the CTA's SM (%smid), not a time. A stamp that a CTA did not reach stays 0 and is left out of its statistics.
 """
 
@@ -84,6 +85,16 @@ def trace_row(row: str, backend: str, cp, launches: int = 3, raw: list | None = 
     return report(row, backend, p.route, grid, runs, ceiling_tbps)
 
 
+def _cp_async(route: str) -> bool:
+    """Whether the route's kernel is a cp.async seesaw build (its stamps 13 / 14 split the first item's epilogue;
+    in the TMA builds they are the producer's first / last K load)."""
+    from gqadrv.mla.routes import FAMILIES
+
+    name = route.removeprefix("mla_decode_").rsplit("_", 1)[0]
+    fam = FAMILIES.get(name)
+    return fam is not None and not fam.tma and fam.source.endswith("dense_decode_seesaw.cu")
+
+
 def report(row: str, backend: str, route: str, grid, runs, ceiling_tbps: float | None = None) -> str:
     """The text report of one row and backend from its launches' (event µs, int64 stamps [CTAs, 16])."""
     us, st = runs[0]
@@ -112,7 +123,12 @@ def report(row: str, backend: str, route: str, grid, runs, ceiling_tbps: float |
     span(5, 6, "item 1 tiles")
     span(6, 7, "item 1 epilogue")
     span(11, 12, "merges won")
-    span(0, 13, "entry -> first K load")
+    if _cp_async(route):  # slots 13 / 14: item 0's epilogue after the row sums / before the out stores
+        span(3, 13, "item 0 epi: row sums (barrier)")
+        span(13, 14, "item 0 epi: maxima, sM reset")
+        span(14, 4, "item 0 epi: out / lse stores")
+    else:
+        span(0, 13, "entry -> first K load")
     end = np.nanmax(rel[:, [4, 7, 10, 11, 12]], axis=1)
     lines.append(f"  CTA end (last stamp): min {np.nanmin(end):.2f} med {np.nanmedian(end):.2f} max {np.nanmax(end):.2f}"
                  f"; busiest 5 CTAs {', '.join(f'{x:.1f}' for x in np.sort(end)[-5:])}")

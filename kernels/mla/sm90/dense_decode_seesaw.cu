@@ -141,7 +141,8 @@
 //           builds (MLA_PARTIAL_L2=1): partial stores with an L2 evict_last policy, the merged partials'
 //           lines discarded from L2 (decode_util.cuh store_partial*, merge_partials_from).
 // Trace     MLA_TRACE=1 builds only (development, tools/mla_trace.py): MLA_MARK %globaltimer stamps by
-//           consumer thread 0 and the TMA thread, and the CTA's SM (%smid, MLA_MARK_SM) in slot 15
+//           consumer thread 0 and the TMA thread (slots 13 / 14; in the cp.async builds item 0's epilogue
+//           after the row sums / before the out stores), and the CTA's SM (%smid, MLA_MARK_SM) in slot 15
 //           (decode_util.cuh); compiled out otherwise.
 #include "../../common/ptx.cuh"
 #include "../common/args.cuh"
@@ -999,6 +1000,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   float L_lo, L_hi;
   sum_rows_2wg(reinterpret_cast<float*>(smem + OFF_LSUM), l_lo, l_hi, r_lo, r_hi, wg, t,
                [] { named_bar_sync(BAR_EPI, 256); }, L_lo, L_hi);
+#if !MLA_TMA_K
+  MLA_MARK(a, 13, ti == 0 && tid == 0);  // (cp.async builds: slots 13 / 14 split item 0's epilogue)
+#endif
   if (wg == 0) {  // before the balanced builds' second BAR_EPI, after which WG1 may write the next item's
     x_lo = fmaxf(x_lo, sXM[r_lo]);
     x_hi = fmaxf(x_hi, sXM[r_hi]);
@@ -1019,6 +1023,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 
   const RowPair rp{r_lo,  r_hi,  v_lo, v_hi, m_lo, m_hi, L_lo, L_hi, x_lo, x_hi,
                    sink_term(a, kvh, row0 + r_lo, m_lo), sink_term(a, kvh, row0 + r_hi, m_hi)};
+#if !MLA_TMA_K
+  MLA_MARK(a, 14, ti == 0 && tid == 0);
+#endif
   if (w.nsplit == 1) {
 #if MLA_CARRY_S
     carry_issue();
