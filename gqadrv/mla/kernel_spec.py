@@ -371,15 +371,13 @@ def prefill_experiments() -> dict:
     ``<variant>_nohint`` issues the K / Q copies without L2 policies or the 256-byte prefetch
     (MLA_KV_HINT=0), and ``seesaw_nope_bal_nb9`` loads zeros into channel block 8 and multiplies it
     (MLA_NOPE_SKIP=0)."""
-    out = {}
-    for name in ("seesaw_bal_cp", "seesaw_nope_bal"):
-        out.update(dict([_derived(KERNELS[name], "xmax", "the exact running max with max_logits (MLA_MAXLOG_LAZY=0)",
-                                  (("MLA_MAXLOG_LAZY", 0),)),
-                         _derived(KERNELS[name], "nohint", "K / Q copies without L2 hints (MLA_KV_HINT=0)",
-                                  (("MLA_KV_HINT", 0),))]))
-    out.update([_derived(KERNELS["seesaw_nope_bal"], "nb9", "channel block 8 zero-filled and multiplied "
-                         "(MLA_NOPE_SKIP=0)", (("MLA_NOPE_SKIP", 0),))])
-    return out
+    table = [(name, "xmax", "the exact running max with max_logits (MLA_MAXLOG_LAZY=0)", (("MLA_MAXLOG_LAZY", 0),))
+             for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
+    table += [(name, "nohint", "K / Q copies without L2 hints (MLA_KV_HINT=0)", (("MLA_KV_HINT", 0),))
+              for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
+    table.append(("seesaw_nope_bal", "nb9", "channel block 8 zero-filled and multiplied (MLA_NOPE_SKIP=0)",
+                  (("MLA_NOPE_SKIP", 0),)))
+    return dict(_derived(KERNELS[name], suffix, what, extra) for name, suffix, what, extra in table)
 
 
 def item_overlap_experiments() -> dict:
@@ -388,16 +386,11 @@ def item_overlap_experiments() -> dict:
     producer's L2 prefetch of the next item's Q rows (MLA_Q_PREFETCH=1), and both; same arithmetic, so outputs
     bit-identical to the default (test_mla_experiments_gpu.py). Written 2026-12-06 for the sparse prefill's
     per-list epilogue and Q wait (docs/MLA.md); experiment, GQADRV_MLA_EXPERIMENTS=1."""
-    out = {}
-    for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal"):
-        for suffix, what, extra in (("carry", "the next item's first Q K^T before the epilogue (MLA_CARRY_S=1)",
-                                     (("MLA_CARRY_S", 1),)),
-                                    ("qpf", "an L2 prefetch of the next item's Q rows (MLA_Q_PREFETCH=1)",
-                                     (("MLA_Q_PREFETCH", 1),)),
-                                    ("cq", "MLA_CARRY_S=1 and MLA_Q_PREFETCH=1",
-                                     (("MLA_CARRY_S", 1), ("MLA_Q_PREFETCH", 1)))):
-            out.update([_derived(KERNELS[name], suffix, what, extra)])
-    return out
+    modes = (("carry", "the next item's first Q K^T before the epilogue (MLA_CARRY_S=1)", (("MLA_CARRY_S", 1),)),
+             ("qpf", "an L2 prefetch of the next item's Q rows (MLA_Q_PREFETCH=1)", (("MLA_Q_PREFETCH", 1),)),
+             ("cq", "MLA_CARRY_S=1 and MLA_Q_PREFETCH=1", (("MLA_CARRY_S", 1), ("MLA_Q_PREFETCH", 1))))
+    return dict(_derived(KERNELS[name], suffix, what, extra)
+                for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal") for suffix, what, extra in modes)
 
 
 if os.environ.get(EXPERIMENTS_ENV) == "1":

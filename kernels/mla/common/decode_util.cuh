@@ -65,6 +65,7 @@ GQADRV_DEVICE void cpasync_to_wgmma_fence() {
 constexpr float MASKED = -1e33f;  // masked logit (log2 domain, already scaled)
 constexpr float M_INIT = -1e30f;  // running max before any key; exp2(MASKED - M_INIT) == 0
 constexpr float LN2 = 0.69314718055994530942f;
+constexpr float LOG2E = 1.44269504088896340736f;  // natural units -> the kernels' log2 domain
 constexpr int D_QK = MLA_D_QK;
 constexpr int D_V = MLA_D_V;
 constexpr int NCB = D_QK / 64;              // 9 channel blocks of 64 channels (128 bytes)
@@ -191,7 +192,7 @@ struct RowPair {
 // for a sink of +inf (out 0), 0 for -inf (out unchanged); 0 without the flag.
 GQADRV_DEVICE float sink_term(const MlaDecodeArgs& a, int kvh, int row, float m) {
   if (!(a.flags & MLA_FLAG_SINK)) return 0.f;
-  return fast_exp2(a.sink[kvh * a.group + row % a.group] * 1.4426950408889634f - m);
+  return fast_exp2(a.sink[kvh * a.group + row % a.group] * LOG2E - m);
 }
 #ifndef MLA_OUT_V16
 #define MLA_OUT_V16 1  // store_out_rows: 16-byte chunks after a quad transpose (0: one 4-byte store per pair)

@@ -210,6 +210,16 @@ constexpr int NCB_QK = (MLA_NOPE && MLA_NOPE_SKIP) ? 8 : NCB;
 #ifndef MLA_KV_HINT
 #define MLA_KV_HINT 1  // cp.async producers: L2 policies (MLA_FLAG_KV_REUSE) and the 256-byte L2 prefetch
 #endif
+// The bf16 / fp16 cp.async producer's 16-byte copies: with an L2 policy and the 256-byte prefetch
+// (MLA_KV_HINT), else plain (the FP8 producer copies raw codes with cp_async_16 and passes no policy).
+GQADRV_DEVICE void copy16(u32 dst, const void* src, u32 bytes, u64 pol) {
+#if MLA_KV_HINT && !MLA_FP8
+  cp_async_16_l2(dst, src, bytes, pol);
+#else
+  (void)pol;
+  cp_async_16(dst, src, bytes);
+#endif
+}
 #ifndef MLA_CARRY_S
 #define MLA_CARRY_S 0  // balanced builds: issue the next item's first Q K^T before this item's epilogue (experiment)
 #endif
@@ -295,7 +305,7 @@ GQADRV_DEVICE void tile_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh,
 // cp.async of channel blocks [C0, C1) of one tile into `slot` by the producer warpgroup (4 copies
 // of 16 B per thread and block: 4 rows x 128 B per warp instruction), one noinc arrival per thread
 // and block on full[slot][cb].
-// With MLA_KV_HINT the copies carry L2 policy `pol` and the 256-byte prefetch (cp_async_16_l2).
+// With MLA_KV_HINT the copies carry L2 policy `pol` and the 256-byte prefetch (copy16).
 template <int C0, int C1>
 GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4], const u16* any, int pw, int lane,
                                u64 pol) {
@@ -306,13 +316,7 @@ GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4]
     for (int q = 0; q < 4; ++q) {
       const int r = 16 * pw + 4 * q + (lane >> 3);
       const bool ok = p[q] != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE (MLA_NOPE_SKIP=0): block 8 zeros
-      const void* src = ok ? (const void*)(p[q] + c * 64) : (const void*)any;
-#if MLA_KV_HINT
-      cp_async_16_l2(slot + (u32)c * CB + swz(r, u), src, ok ? 16u : 0u, pol);
-#else
-      (void)pol;
-      cp_async_16(slot + (u32)c * CB + swz(r, u), src, ok ? 16u : 0u);
-#endif
+      copy16(slot + (u32)c * CB + swz(r, u), ok ? (const void*)(p[q] + c * 64) : (const void*)any, ok ? 16u : 0u, pol);
     }
     cp_async_mbar_arrive_noinc(bar_slot0 + 8u * (u32)c);
   }
@@ -659,13 +663,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #pragma unroll
           for (int c = 0; c < NCB_QK; ++c) {
             const bool ok = src != nullptr && !(MLA_NOPE && c == 8);  // MLA_NOPE: q rows of 512, block 8 zeros
-            const void* from = ok ? (const void*)(src + c * 64) : (const void*)a.q;
-#if MLA_KV_HINT && !MLA_FP8
-            cp_async_16_l2(sb + OFF_Q + (u32)c * CB + swz(r, u), from, ok ? 16u : 0u, q_pol);
-#else
-            (void)q_pol;
-            cp_async_16(sb + OFF_Q + (u32)c * CB + swz(r, u), from, ok ? 16u : 0u);
-#endif
+            copy16(sb + OFF_Q + (u32)c * CB + swz(r, u), ok ? (const void*)(src + c * 64) : (const void*)a.q,
+                   ok ? 16u : 0u, q_pol);
           }
         }
         cp_async_mbar_arrive_noinc(q_bar(sb));
