@@ -33,8 +33,27 @@ def _run_experiment_script(script: str, timeout: int) -> subprocess.CompletedPro
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
-SCRIPT = textwrap.dedent("""
+# Shared by the scripts below: a paged fp16 batch (K pages in random order) and n launches of a prepared
+# object as host copies (out as uint16 bits, lse).
+PAGED_HELPERS = textwrap.dedent("""
     import cupy as cp, numpy as np, gqadrv
+
+    def paged_batch(rs, b, h_q, lens, page):
+        mb = -(-max(lens) // page)
+        k = cp.asarray((rs.standard_normal((b * mb, page, 1, 576)) / 10).astype(np.float16))
+        q = cp.asarray((rs.standard_normal((b, 1, h_q, 576)) / 10).astype(np.float16))
+        bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
+        return q, k, bt, cp.asarray(np.array(lens, np.int32))
+
+    def launches(p, n):
+        runs = []
+        for _ in range(n):
+            o, l = gqadrv.launch_prepared(p)
+            runs.append((cp.asnumpy(o).view(np.uint16).copy(), cp.asnumpy(l).copy()))
+        return runs
+""")
+
+SCRIPT = PAGED_HELPERS + textwrap.dedent("""
     rs = np.random.default_rng(3)
     failures = []
     cases = [  # (b, h_q, lengths, page): uniform (whole mode), spread and skewed batches (cuts)
@@ -45,21 +64,10 @@ SCRIPT = textwrap.dedent("""
         (20, 128, [int(x) for x in rs.integers(1, 5000, 20)], 64),
     ]
     for b, h_q, lens, page in cases:
-        mb = -(-max(lens) // page)
-        k = cp.asarray((rs.standard_normal((b * mb, page, 1, 576)) / 10).astype(np.float16))
-        q = cp.asarray((rs.standard_normal((b, 1, h_q, 576)) / 10).astype(np.float16))
-        bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
-        sl = cp.asarray(np.array(lens, np.int32))
+        q, k, bt, sl = paged_batch(rs, b, h_q, lens, page)
         fam = "narrow16_bal" if h_q <= 16 else "seesaw_bal"
         for base in (fam, fam + "_cut32"):
-            res = {}
-            for v in (base, base + "_nopl2"):
-                p = gqadrv.prepare_mla_decode(q, k, bt, sl, backend=v)
-                runs = []
-                for _ in range(3):
-                    o, l = gqadrv.launch_prepared(p)
-                    runs.append((cp.asnumpy(o).view(np.uint16).copy(), cp.asnumpy(l).copy()))
-                res[v] = runs
+            res = {v: launches(gqadrv.prepare_mla_decode(q, k, bt, sl, backend=v), 3) for v in (base, base + "_nopl2")}
             ref = res[base][0]
             for v, runs in res.items():
                 for i, (o, l) in enumerate(runs):
@@ -254,8 +262,7 @@ def test_prefill_builds_agree():
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
 
 
-OVERLAP_SCRIPT = textwrap.dedent("""
-    import cupy as cp, numpy as np, gqadrv
+OVERLAP_SCRIPT = PAGED_HELPERS + textwrap.dedent("""
     failures = []
     rs = np.random.default_rng(21)
     # dense: many short requests per CTA (whole items), a skewed batch (cut items), pages 64 (TMA) / 16 (cp.async)
@@ -265,19 +272,9 @@ OVERLAP_SCRIPT = textwrap.dedent("""
              (512, 64, [int(x) for x in rs.integers(1, 700, 512)], 16, "seesaw_bal_cp"),
              (64, 128, [9000] + [int(x) for x in rs.integers(1, 400, 63)], 16, "seesaw_bal_cp")]
     for i, (b, h_q, lens, page, base) in enumerate(cases):
-        mb = -(-max(lens) // page)
-        k = cp.asarray((rs.standard_normal((b * mb, page, 1, 576)) / 10).astype(np.float16))
-        q = cp.asarray((rs.standard_normal((b, 1, h_q, 576)) / 10).astype(np.float16))
-        bt = cp.asarray(rs.permutation(b * mb).astype(np.int32).reshape(b, mb))
-        sl = cp.asarray(np.array(lens, np.int32))
-        res = {}
-        for v in (base, base + "_carry", base + "_qpf", base + "_cq"):
-            p = gqadrv.prepare_mla_decode(q, k, bt, sl, backend=v)
-            runs = []
-            for _ in range(2):
-                o, l = gqadrv.launch_prepared(p)
-                runs.append((cp.asnumpy(o).view(np.uint16).copy(), cp.asnumpy(l).copy()))
-            res[v] = runs
+        q, k, bt, sl = paged_batch(rs, b, h_q, lens, page)
+        res = {v: launches(gqadrv.prepare_mla_decode(q, k, bt, sl, backend=v), 2)
+               for v in (base, base + "_carry", base + "_qpf", base + "_cq")}
         for v in res:
             same = all(np.array_equal(x, y, equal_nan=True) for r in range(2) for x, y in zip(res[v][r], res[base][0]))
             print(f"dense case {i} {v}: bit-identical to {base} on both launches: {same}")
