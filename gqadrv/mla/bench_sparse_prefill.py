@@ -10,7 +10,8 @@ fp32 [h_q] ~ N(0, 1). FlashMLA gets torch tensors made from the same CuPy arrays
 timed through ``prepare_mla_sparse_fwd`` + ``launch_prepared``, FlashMLA through
 ``flash_mla_sparse_fwd(q, kv, indices, sm_scale, 512, attn_sink=...)``. Hot = per call in a CUDA
 graph of ``--graph-calls`` calls (median of ``--reps`` replays), cold = L2 flushed before each call
-(median).
+(median). Every call of a row is prepared first; the row's first call then runs back to back for WARM_S
+seconds, and all are timed ``--rounds`` times in an order that rotates by one each round (medians kept).
 
 Rows (kind, s_q, h_q, d_qk, topk, s_kv, sink): ``peer`` (gqadrv vs FlashMLA, both with attn_sink):
 V3.2 s_q 4096 h_q 128 d_qk 576 topk 2048 at s_kv 8K / 32K / 64K / 128K, MODEL1 h_q 64 d_qk 512 topk
@@ -219,14 +220,13 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
         sink_pad[:h_q] = sink
     cp.cuda.Device().synchronize()
 
-    def record(name: str, hot: float, cold: float, heads: int, extra: dict | None = None) -> None:
-        v = {"hot_us": hot, "cold_us": cold, "h_q_executed": heads}
-        for key, us in (("hot", hot), ("cold", cold)):
-            v[f"{key}_TFLOPS"], v[f"{key}_TBps"] = prefill_metrics(s_q, heads, d_qk, topk, us, flops_h_q=h_q)
-            if heads != h_q:
-                v[f"{key}_exec_TFLOPS"] = prefill_metrics(s_q, heads, d_qk, topk, us)[0]
-        v.update(extra or {})
-        res[name] = v
+    calls: dict = {}  # name -> (fn, uses a torch graph), timed together by time_rounds at the end
+    heads_of: dict = {}  # name -> heads executed
+
+    def register(name: str, fn, torch_graph: bool, heads: int, extra: dict | None = None) -> None:
+        calls[name] = (fn, torch_graph)
+        heads_of[name] = heads
+        res[name] = dict(extra or {})
 
     def ours(name: str, qq, sk, use: str | None = backend) -> None:
         try:
@@ -236,17 +236,16 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             p = gqadrv.prepare_mla_sparse_fwd(qq, kv, idx, scale, D_V, **kw)
             # the current stream at call time: a torch graph captures on its own side stream
             fn = lambda: gqadrv.launch_prepared(p, cur())
-            hot, cold = timer.hot(fn, use_torch), timer.cold(fn)
             o = fn()
             outs[name] = (o[0], o[2])  # out, lse
-            record(name, hot, cold, qq.shape[1],
-                   {"route": getattr(p, "route", None), "num_splits": getattr(p, "num_splits", None),
-                    "workspace_bytes": getattr(p, "workspace_bytes", None)})
+            register(name, fn, use_torch, qq.shape[1],
+                     {"route": getattr(p, "route", None), "num_splits": getattr(p, "num_splits", None),
+                      "workspace_bytes": getattr(p, "workspace_bytes", None)})
         except Exception as exc:  # noqa: BLE001
             res[name] = {"error": repr(exc)[:300]}
 
     def peer(name: str, qq, sk) -> bool:
-        """Time FlashMLA; False when it raised (the error is recorded)."""
+        """Register FlashMLA for timing; False when it raised (the error is recorded)."""
         if fm is None or not use_torch:
             why = "--no-peers" if getattr(args, "no_peers", False) else "flash_mla not importable"
             res[name] = {"error": why if use_torch else "torch not importable"}
@@ -255,13 +254,10 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
             tq, tkv, tidx = torch.from_dlpack(qq), torch.from_dlpack(kv), torch.from_dlpack(idx)
             kw = {"attn_sink": torch.from_dlpack(sk)} if sk is not None else {}
             f = lambda: fm.flash_mla_sparse_fwd(tq, tkv, tidx, scale, D_V, **kw)
-            f()
-            torch.cuda.synchronize()
-            hot, cold = timer.hot(f, True), timer.cold(f)
             o = f()
             torch.cuda.synchronize()
             outs[name] = (cp.from_dlpack(o[0].float().contiguous()), cp.from_dlpack(o[2].float().contiguous()))
-            record(name, hot, cold, qq.shape[1])
+            register(name, f, True, qq.shape[1])
             return True
         except Exception as exc:  # noqa: BLE001
             res[name] = {"error": repr(exc)[:300]}
@@ -294,6 +290,43 @@ def _measure(item, timer: Timer, args, row: dict, res: dict) -> None:
         _diff(cp, res, outs, "gqadrv", "gqadrv_pad64", "gqadrv_pad64", heads=h_q)
         _diff(cp, res, outs, "gqadrv", "flashmla_pad64", "flashmla_pad64", heads=h_q)
     outs.clear()
+    _time(calls, timer, args, res)
+    for name, heads in heads_of.items():
+        v = res.get(name, {})
+        if "hot_us" not in v:
+            continue
+        for key in ("hot", "cold"):
+            v[f"{key}_TFLOPS"], v[f"{key}_TBps"] = prefill_metrics(s_q, heads, d_qk, topk, v[f"{key}_us"], flops_h_q=h_q)
+            if heads != h_q:
+                v[f"{key}_exec_TFLOPS"] = prefill_metrics(s_q, heads, d_qk, topk, v[f"{key}_us"])[0]
+        v["h_q_executed"] = heads
+
+
+WARM_S = 0.2  # seconds of the row's first call before any timing (clocks up, caches and pools settled)
+
+
+def _time(calls: dict, timer: Timer, args, res: dict) -> None:
+    """Times the row's registered calls with ``time_rounds`` (``--rounds`` rounds, the order rotating by
+    one each round, medians kept) after WARM_S of back-to-back calls of the first one: without the
+    warm-up, whichever call ran first in a row measured up to 10 % slower than the same build later in
+    the row (2026-12-06, H100)."""
+    import time
+
+    from .bench import time_rounds
+
+    if not calls:
+        return
+    fn, torch_graph = next(iter(calls.values()))
+    sync = (lambda: sys.modules["torch"].cuda.synchronize()) if torch_graph else timer.cp.cuda.Device().synchronize
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < WARM_S:
+            for _ in range(4):
+                fn()
+            sync()
+    except Exception:  # noqa: BLE001  (time_rounds records the error)
+        pass
+    time_rounds(calls, timer, max(1, int(getattr(args, "rounds", 1) or 1)), res)
 
 
 def _diff(cp, res: dict, outs: dict, a: str, b: str, tag: str, heads: int | None = None) -> None:

@@ -64,3 +64,41 @@ def test_also_option_is_registered():
     a = p.parse_args(["--mla-sparse-prefill-also", "seesaw_bal_cp_xmax", "seesaw_nope_bal_nb9"])
     assert a.mla_sparse_prefill_also == ["seesaw_bal_cp_xmax", "seesaw_nope_bal_nb9"]
     assert p.parse_args([]).mla_sparse_prefill_also == []
+
+
+def test_rows_are_timed_in_rotating_rounds_after_a_warm_up(monkeypatch):
+    """_time: the row's first call runs back to back for WARM_S before any timing, then every call is
+    timed once per round in an order that rotates by one, and the medians land in res."""
+    from types import SimpleNamespace
+
+    from gqadrv.mla import bench_sparse_prefill as bsp
+
+    monkeypatch.setattr(bsp, "WARM_S", 0.01)
+    ran = {"a": 0, "b": 0}
+    order = []
+
+    class FakeTimer:
+        cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(synchronize=lambda: None)))
+
+        def hot(self, fn, torch_graph):
+            name = fn()
+            order.append(name)
+            return {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0]}[name][sum(1 for x in order if x == name) - 1]
+
+        def cold(self, fn):
+            return 10.0 if fn() == "a" else 20.0
+
+    def call(name):
+        def fn():
+            ran[name] += 1
+            return name
+        return fn
+
+    calls = {"a": (call("a"), False), "b": (call("b"), False)}
+    res = {"a": {"route": "r"}, "b": {}}
+    bsp._time(calls, FakeTimer(), SimpleNamespace(rounds=3), res)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert res["a"]["hot_us"] == 2.0 and res["b"]["hot_us"] == 5.0
+    assert res["a"]["cold_us"] == 10.0 and res["a"]["route"] == "r"
+    assert res["a"]["hot_rounds_us"] == [3.0, 1.0, 2.0]
+    assert ran["a"] > ran["b"] + 3  # the warm-up ran only the first call
