@@ -282,6 +282,11 @@ GQADRV_DEVICE void st_f32_l2hint(float* p, float a, u64 pol) {
 GQADRV_DEVICE void st_f32x2_l2hint(float* p, float a, float b, u64 pol) {
   asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(a), "f"(b), "l"(pol) : "memory");
 }
+GQADRV_DEVICE void st_u32x4_l2hint(void* p, U32x4 v, u64 pol) {
+  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(pol)
+               : "memory");
+}
 // Drop the 128-byte L2 line at p (128-byte aligned) without writing it back: for dead scratch data.
 GQADRV_DEVICE void discard_l2_line(const void* p) { asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory"); }
 // Programmatic dependent launch: wait for the preceding grid's memory, let the next grid start.

@@ -194,8 +194,19 @@ GQADRV_DEVICE float sink_term(const MlaDecodeArgs& a, int kvh, int row, float m)
   if (!(a.flags & MLA_FLAG_SINK)) return 0.f;
   return fast_exp2(a.sink[kvh * a.group + row % a.group] * LOG2E - m);
 }
+// The same in two steps, for kernels that read the sink once: sink_log2() = sink[head] log2 e of packed
+// row `row` (0 without the flag: not read), sink_term_log2() = 2^(that - m), or 0 without the flag.
+GQADRV_DEVICE float sink_log2(const MlaDecodeArgs& a, int kvh, int row) {
+  return (a.flags & MLA_FLAG_SINK) ? a.sink[kvh * a.group + row % a.group] * LOG2E : 0.f;
+}
+GQADRV_DEVICE float sink_term_log2(const MlaDecodeArgs& a, float s2, float m) {
+  return (a.flags & MLA_FLAG_SINK) ? fast_exp2(s2 - m) : 0.f;
+}
 #ifndef MLA_OUT_V16
 #define MLA_OUT_V16 1  // store_out_rows: 16-byte chunks after a quad transpose (0: one 4-byte store per pair)
+#endif
+#ifndef MLA_OUT_EVICT_FIRST
+#define MLA_OUT_EVICT_FIRST 0  // experiment (_oef): the 16-byte out stores carry an L2 evict_first policy
 #endif
 // Measured (H100, 2026-12-06, tools/mla_trace.py): the seesaw's per-item epilogue 8-11 -> 3-6 us, b 4096 x 512
 // tokens at h_q 64 7.5 % faster, the sparse prefill 2-9 % (docs/RESULTS.md); outputs bit-identical.
@@ -207,6 +218,9 @@ GQADRV_DEVICE float sink_term(const MlaDecodeArgs& a, int kvh, int row, float m)
 template <class Pair>
 GQADRV_DEVICE void store_row_v16(u16* row, int t, bool store, Pair p) {
   const bool odd = t & 1, upper = t & 2;
+#if MLA_OUT_EVICT_FIRST
+  const u64 pol = l2_policy_evict_first();
+#endif
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     u32 a0 = p(4 * k), a1 = p(4 * k + 1), a2 = p(4 * k + 2), a3 = p(4 * k + 3);
@@ -217,7 +231,11 @@ GQADRV_DEVICE void store_row_v16(u16* row, int t, bool store, Pair p) {
     r0 = __shfl_xor_sync(0xffffffffu, upper ? a0 : a2, 2);
     r1 = __shfl_xor_sync(0xffffffffu, upper ? a1 : a3, 2);
     if (upper) { a0 = r0; a1 = r1; } else { a2 = r0; a3 = r1; }
+#if MLA_OUT_EVICT_FIRST
+    if (store) st_u32x4_l2hint(row + 8 * (4 * k + t), U32x4{a0, a1, a2, a3}, pol);
+#else
     if (store) *reinterpret_cast<U32x4*>(row + 8 * (4 * k + t)) = U32x4{a0, a1, a2, a3};
+#endif
   }
 }
 // S == 1: out = O / (L + d) (q dtype; d: the sink's term, RowPair); lse (and max_logits, both without the

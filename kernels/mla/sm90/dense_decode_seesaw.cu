@@ -55,6 +55,9 @@
 //           merge: the K slots hold the [64][S] merge weights after the main loop.
 // Loads     producer warpgroup, cp.async 16 B with zero-fill (src-size 0) for token rows >= tok_end (no
 //           global read, no block-table read); each warp instruction copies 4 rows x 128 B of one cb.
+//           MLA_BT_AHEAD=1 (balanced builds): each thread reads the block-table entries of its 8 rows of a pair
+//           one pair ahead (those of an item's first pair before its q_empty wait and Q copies), so the
+//           copies never wait for the entries (the sparse paths' gathered lists: one entry per token).
 //           Per pair it fills, each after the matching `empty` barrier (one arrival per consumer warp):
 //             K0 cb 0..3  freed by WG0 after O_L += P0 V0L       (empty[0][0])
 //             K1 cb 4..8  freed by WG1 after O_R += P1 V1R       (empty[1][1])
@@ -223,6 +226,12 @@ GQADRV_DEVICE void copy16(u32 dst, const void* src, u32 bytes, u64 pol) {
 #ifndef MLA_CARRY_S
 #define MLA_CARRY_S 0  // balanced builds: issue the next item's first Q K^T before this item's epilogue (experiment)
 #endif
+#ifndef MLA_BT_AHEAD
+// cp.async bf16 / fp16 producer of the balanced builds: block-table entries read one pair ahead (0: experiment
+// _bt0); the split-grid builds keep the entries' reads beside their copies (one pair ahead, their producer spills)
+#define MLA_BT_AHEAD MLA_BALANCED
+#endif
+static_assert(!(MLA_BT_AHEAD && !MLA_BALANCED), "MLA_BT_AHEAD is built on the balanced grid's item walk");
 #ifndef MLA_Q_PREFETCH
 #define MLA_Q_PREFETCH 0  // balanced builds: the producer prefetches the next item's Q rows into L2 (experiment)
 #endif
@@ -299,6 +308,29 @@ GQADRV_DEVICE void tile_rows(const MlaDecodeArgs& a, const i32* bt_row, int kvh,
   for (int q = 0; q < 4; ++q) {
     const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
     p[q] = tok < tok_end ? k_row_ptr(a, bt_row, kvh, tok) + (lane & 7) * 8 : nullptr;
+  }
+}
+
+// MLA_BT_AHEAD=1: the same rows in two steps, so that the block-table reads of a pair can be issued one
+// pair ahead of its copies: tile_entries() loads the entries of the thread's 4 rows of `tile` (0 for tokens
+// >= tok_end: never read), entry_rows() turns them into the row pointers of tile_rows().
+GQADRV_DEVICE void tile_entries(const MlaDecodeArgs& a, const i32* bt_row, int tile, int tok_end, int pw, int lane,
+                                int (&e)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
+    e[q] = tok < tok_end ? bt_row[tok >> a.page_shift] : 0;
+  }
+}
+GQADRV_DEVICE void entry_rows(const MlaDecodeArgs& a, const int (&e)[4], int kvh, int tile, int tok_end, int pw,
+                              int lane, const u16* (&p)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
+    p[q] = tok < tok_end ? a.k_cache + (long long)e[q] * a.k_stride_block +
+                               (long long)(tok & (a.page_size - 1)) * a.k_stride_tok + (long long)kvh * a.k_stride_head +
+                               (lane & 7) * 8
+                         : nullptr;
   }
 }
 
@@ -648,6 +680,12 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #pragma unroll 1
     while (next_item(w, last_row)) {
       if (w.npairs == 0) continue;
+#if MLA_BT_AHEAD && !MLA_FP8
+      // the first pair's block-table entries, in flight during the q_empty wait and the Q copies
+      int e0[4], e1[4];
+      tile_entries(a, a.block_table + (long long)w.req * a.bt_stride, w.t_beg, w.tok_end, pw, lane, e0);
+      tile_entries(a, a.block_table + (long long)w.req * a.bt_stride, w.t_beg + 1, w.tok_end, pw, lane, e1);
+#endif
       if (nq > 0) mbar_wait_wd(q_empty_bar(sb), (u32)(nq - 1) & 1u);  // the previous item's Q is dead
 #else
     if (next_item(w, last_row) && w.npairs > 0) {
@@ -709,8 +747,17 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
         const u16* p0[4];
         const u16* p1[4];
+#if MLA_BT_AHEAD
+        entry_rows(a, e0, kvh, T0, tok_end, pw, lane, p0);
+        entry_rows(a, e1, kvh, T0 + 1, tok_end, pw, lane, p1);
+        if (it + 1 < npairs) {  // the next pair's entries, in flight during this pair's waits and copies
+          tile_entries(a, bt_row, T0 + 2, tok_end, pw, lane, e0);
+          tile_entries(a, bt_row, T0 + 3, tok_end, pw, lane, e1);
+        }
+#else
         tile_rows(a, bt_row, kvh, T0, tok_end, pw, lane, p0);
         tile_rows(a, bt_row, kvh, T0 + 1, tok_end, pw, lane, p1);
+#endif
         mbar_wait_wd(empty_bar(sb, 0, 0), pe);
         load_blocks<0, 4>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane, k_pol);
         mbar_wait_wd(empty_bar(sb, 1, 1), pe);
@@ -746,6 +793,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   const int r_lo = 16 * wi + g, r_hi = r_lo + 8;
   const float sc = a.scale_log2;
   const int rows = M - row0 < MLA_BLOCK_M ? M - row0 : MLA_BLOCK_M;
+  // the attention sink of the thread's two rows in log2 units (MLA_FLAG_SINK), read once: the CTA's KV head
+  // and row block are fixed, so the epilogue does not wait for these loads item after item
+  const float sk_lo = sink_log2(a, kvh, row0 + r_lo), sk_hi = sink_log2(a, kvh, row0 + r_hi);
   int nq = 0, gp = 0;  // as in the producer
   // Merges this CTA won (last ticket of a shared request), run after its last item, when no load is in
   // flight into the K slots that hold the merge weights. Only a CTA's first and last item can be shared.
@@ -1021,7 +1071,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
 #endif
 
   const RowPair rp{r_lo,  r_hi,  v_lo, v_hi, m_lo, m_hi, L_lo, L_hi, x_lo, x_hi,
-                   sink_term(a, kvh, row0 + r_lo, m_lo), sink_term(a, kvh, row0 + r_hi, m_hi)};
+                   sink_term_log2(a, sk_lo, m_lo), sink_term_log2(a, sk_hi, m_hi)};
 #if !MLA_TMA_K
   MLA_MARK(a, 14, ti == 0 && tid == 0);
 #endif
