@@ -27,9 +27,9 @@
 # schedule in the same rows); mla_pl2 (partials kept in L2 until merged, MLA_PARTIAL_L2, the balanced default, against _nopl2); mla_trace
 # (tools/mla_trace.py: per-CTA timelines, per-SM speed across launches); mla_fp8_src (the same two kernels at b128 h_q 64 L4096, per-SASS-instruction stall samples, reduced
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions); prefill_bench (`bench --op
-# mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the balanced seesaw's item-overlap experiments
-# _carry / _qpf / _cq, written 2026-12-06 and not yet run then: their bit-identity test, then the prefill rows
-# beside the default build in one run, GQADRV_MLA_EXPERIMENTS=1).
+# mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the sparse prefill's experiment builds: their bit-identity
+# test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
+# Compute on our prefill kernel and FlashMLA's, two rows; run fmla first).
 # Default: the GQA steps.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
@@ -127,12 +127,25 @@ for step in $STEPS; do
                 --mla-rows 128,1,128,8192,varlen 128,1,16,8192,varlen 128,1,64,8192,spread 128,1,16,4096,skew \
                 --json "$OUT/mla_varlen.json" > "$OUT/mla_varlen.txt" 2>&1 ;;
   prefill_bench) PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} python3 -m gqadrv bench --op mla_sparse_prefill --reps 5 \
-                  --graph-calls 5 --json "$OUT/prefill_bench.json" > "$OUT/prefill_bench.txt" 2>&1 ;;
+                  --graph-calls 5 --rounds 3 --json "$OUT/prefill_bench.json" > "$OUT/prefill_bench.txt" 2>&1 ;;
   prefill_ab) GQADRV_MLA_EXPERIMENTS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                "tests/mla/test_mla_experiments_gpu.py::test_item_overlap_builds_are_bit_identical" > "$OUT/prefill_ab_tests.txt" 2>&1
+                "tests/mla/test_mla_experiments_gpu.py::test_prefill_builds_agree" > "$OUT/prefill_ab_tests.txt" 2>&1
               GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla_sparse_prefill --no-peers --reps 5 --graph-calls 5 \
-                --mla-sparse-prefill-also seesaw_bal_cp_carry seesaw_bal_cp_qpf seesaw_bal_cp_cq \
+                --rounds 3 --mla-sparse-prefill-also seesaw_bal_cp_bt0 seesaw_bal_cp_oef seesaw_bal_cp_carry \
                 --json "$OUT/prefill_ab.json" > "$OUT/prefill_ab.txt" 2>&1 ;;
+  prefill_ncu) # Nsight Compute on the sparse prefill's dense kernel and on FlashMLA's (run fmla first) at h_q 64
+               # d512 topk 512 and h_q 128 d576 topk 2048 (s_q 1024), s_kv 8K, sink: speed of light, memory,
+               # pipes, warp states (benchmarks/ncu_prefill_target.py)
+               NCU=$(find_ncu)
+               if [ -z "$NCU" ]; then echo "ncu not found (PATH, /usr/local/cuda*/bin)" > "$OUT/prefill_ncu.txt"; continue; fi
+               for spec in "4096,64,512,512,8192,,1:mla_dense_decode_seesaw" "4096,64,512,512,8192,flashmla,1:sparse_attn_fwd" \
+                           "1024,128,576,2048,8192,,1:mla_dense_decode_seesaw" "1024,128,576,2048,8192,flashmla,1:sparse_attn_fwd"; do
+                 echo "=== ${spec%%:*}"
+                 PYTHONPATH=$PYTHONPATH${FMLA:+:$FMLA} "$NCU" --clock-control none -k "regex:${spec#*:}" --launch-skip 1 \
+                   --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+                   --section SchedulerStats --section WarpStateStats --section Occupancy \
+                   python3 benchmarks/ncu_prefill_target.py "${spec%%:*}" 2>&1 | grep -v "^==PROF=="
+               done > "$OUT/prefill_ncu.txt" 2>&1 ;;
   mla_modes) python3 tools/mla_launch_modes.py --json "$OUT/mla_modes.json" > "$OUT/mla_modes.txt" 2>&1 ;;
   mla_sanitize) for t in memcheck racecheck; do
                   compute-sanitizer --tool $t --report-api-errors no --error-exitcode 9 \
