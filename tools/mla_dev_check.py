@@ -656,14 +656,16 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
     seesaw_items_model([npairs], seed, tma=tma, tails=[tail], balanced=False)
 
 
-def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False) -> None:
+def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False,
+                   half_bar: bool = False) -> None:
     """seesaw_bal (TMA, MLA_BALANCED=1) or seesaw_bal_cp (``tma`` False: the cp.async producer walking the
-    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1. See seesaw_items_model."""
-    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry)
+    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1; ``half_bar``: MLA_CP_HALF_BAR=1 (the cp.async
+    producer completes each half tile on one barrier). See seesaw_items_model."""
+    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry, half_bar=half_bar)
 
 
 def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool,
-                       carry: bool = False) -> None:
+                       carry: bool = False, half_bar: bool = False) -> None:
     """Transcription of dense_decode_seesaw.cu for one CTA: ``items`` = pairs per work item (0: an
     empty request the CTA answers; the split grid has one item with >= 1 pair). Agents: the consumer
     warpgroups WG0 / WG1 and the producer: with ``tma`` (MLA_TMA_K=1) the TMA thread (one full barrier
@@ -682,6 +684,8 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
     that item's first Q K^T, which it retires before the item ends; the next item then skips its prologue."""
     assert balanced or len(items) == 1, "the split grid has one work item"
     assert balanced or not carry, "MLA_CARRY_S needs the balanced grid"
+    assert not (half_bar and (tma or not balanced)), "MLA_CP_HALF_BAR is a balanced cp.async build"
+    halves = tma or half_bar  # one full barrier per half tile
     tails = tails or [(False, False)] * len(items)
     m = Machine(random.Random(seed))
     for s_ in range(2):
@@ -691,7 +695,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
             m.init_mbar(("empty", s_, h), 1)  # 4 consumer warps modelled as one
     m.init_mbar("q", 1)
     m.init_mbar("qe", 2)  # q_empty: one arrival per warpgroup here (8 warps in the kernel)
-    FULL = (lambda s_, c: ("full", s_, 0 if c < 4 else 4)) if tma else (lambda s_, c: ("full", s_, c))  # noqa: E731
+    FULL = (lambda s_, c: ("full", s_, 0 if c < 4 else 4)) if halves else (lambda s_, c: ("full", s_, c))  # noqa: E731
     EMPTY = lambda s_, h: ("empty", s_, h)  # noqa: E731
     KB = lambda s_, c: ("K", s_, c)  # noqa: E731
     m.mem[("sM",)] = ("init", 0)
@@ -709,9 +713,9 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
         def fill(slot, c0, c1, tile):
             for c in range(c0, c1):
                 yield ("load", KB(slot, c), ("tile", tile, c))
-                if not tma:
+                if not halves:
                     yield ("noinc", FULL(slot, c))
-            if tma:  # one TMA per half: its barrier completes when every block of the half landed
+            if halves:  # one TMA (or one cp.async arrival) per half: the barrier completes when the half landed
                 yield ("noinc", FULL(slot, c0))
 
         if not tma and not balanced:  # the split grid's cp.async producer warpgroup loads Q itself first
@@ -1194,14 +1198,15 @@ def protocol_model(seeds: int = 40) -> list[str]:
                 except ModelError as exc:
                     problems.append(f"seesaw_bal items {items} tail {tails} seed {seed}: {exc}")
                     break
-        # the cp.async producer walking the items (seesaw_bal_cp), and MLA_CARRY_S on both producers
-        for tma, carry in ((False, False), (False, True), (True, True)):
+        # the cp.async producer walking the items (seesaw_bal_cp), MLA_CARRY_S on both producers, and the
+        # cp.async producer with one barrier per half tile (MLA_CP_HALF_BAR, experiment _hb)
+        for tma, carry, half in ((False, False, False), (False, True, False), (True, True, False), (False, False, True)):
             for seed in range(seeds // 2):
                 try:
-                    balanced_model(list(items), seed, tma=tma, carry=carry)
+                    balanced_model(list(items), seed, tma=tma, carry=carry, half_bar=half)
                 except ModelError as exc:
-                    problems.append(f"seesaw_bal{'' if tma else '_cp'}{' carry' if carry else ''} items {items} "
-                                    f"seed {seed}: {exc}")
+                    problems.append(f"seesaw_bal{'' if tma else '_cp'}{' carry' if carry else ''}"
+                                    f"{' half_bar' if half else ''} items {items} seed {seed}: {exc}")
                     break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):
