@@ -230,7 +230,7 @@ GQADRV_DEVICE void copy16(u32 dst, const void* src, u32 bytes, u64 pol) {
 #endif
 #ifndef MLA_BT_AHEAD
 // cp.async bf16 / fp16 producer of the balanced builds: block-table entries read one pair ahead (0: experiment
-// _bt0); the split-grid builds keep the entries' reads beside their copies (one pair ahead, their producer spills)
+// _bt0); the split-grid builds read them beside their copies (one pair ahead, their producer spilled 20 bytes)
 #define MLA_BT_AHEAD MLA_BALANCED
 #endif
 static_assert(!(MLA_BT_AHEAD && !MLA_BALANCED), "MLA_BT_AHEAD is built on the balanced grid's item walk");
@@ -335,8 +335,8 @@ GQADRV_DEVICE void entry_rows(const MlaDecodeArgs& a, const int (&e)[4], int kvh
   for (int q = 0; q < 4; ++q) {
     const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
     p[q] = tok < tok_end ? a.k_cache + (long long)e[q] * a.k_stride_block +
-                               (long long)(tok & (a.page_size - 1)) * a.k_stride_tok + (long long)kvh * a.k_stride_head +
-                               (lane & 7) * 8
+                               (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
+                               (long long)kvh * a.k_stride_head + (lane & 7) * 8
                          : nullptr;
   }
 }
@@ -372,7 +372,8 @@ GQADRV_DEVICE void load_half_e(const MlaDecodeArgs& a, u32 slot, u32 bar, const 
     const int r = 16 * pw + 4 * q + (lane >> 3);
     const int tok = tile * 64 + r;
     const bool ok = tok < tok_end;
-    const u16* row = ok ? a.k_cache + (long long)e[q] * a.k_stride_block + (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
+    const u16* row = ok ? a.k_cache + (long long)e[q] * a.k_stride_block +
+                              (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
                               (long long)kvh * a.k_stride_head + u * 8
                         : a.k_cache;
 #pragma unroll
