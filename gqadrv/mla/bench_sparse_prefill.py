@@ -38,6 +38,7 @@ import sys
 
 from ..ops.bench import BenchSpec, Timer
 from ..ops.bench import target_lines as _target_lines
+from .bench import time_rounds
 from .bench_peer import fmt, import_peers, tflops_over, time_over, us_of
 
 __all__ = ["ROWS", "SPEC", "format_table", "parse_row", "prefill_bytes", "prefill_flops", "prefill_metrics",
@@ -311,8 +312,6 @@ def _time(calls: dict, timer: Timer, args, res: dict) -> None:
     warm-up, whichever call ran first in a row measured up to 10 % slower than the same build later in
     the row (2026-12-06, H100)."""
     import time
-
-    from .bench import time_rounds
 
     if not calls:
         return

@@ -136,10 +136,13 @@ GQADRV_DEVICE float* lse_ptr(const MlaDecodeArgs& a, int b, int kvh, int rg) {
 }
 // First element of token `tok` (< len, so its block-table entry is in range) of KV head kvh,
 // channel 0; bt_row = block_table row of the request.
-GQADRV_DEVICE const u16* k_row_ptr(const MlaDecodeArgs& a, const i32* bt_row, int kvh, int tok) {
-  const long long blk = bt_row[tok >> a.page_shift];
+// k_row_at: the same from the token's block-table entry `blk`, for callers that read the entries ahead.
+GQADRV_DEVICE const u16* k_row_at(const MlaDecodeArgs& a, long long blk, int kvh, int tok) {
   return a.k_cache + blk * a.k_stride_block + (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
          (long long)kvh * a.k_stride_head;
+}
+GQADRV_DEVICE const u16* k_row_ptr(const MlaDecodeArgs& a, const i32* bt_row, int kvh, int tok) {
+  return k_row_at(a, bt_row[tok >> a.page_shift], kvh, tok);
 }
 
 // ------------------------------------------------- epilogue of the 64-row, two-warpgroup kernels

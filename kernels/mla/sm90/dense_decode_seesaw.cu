@@ -334,10 +334,7 @@ GQADRV_DEVICE void entry_rows(const MlaDecodeArgs& a, const int (&e)[4], int kvh
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int tok = tile * 64 + 16 * pw + 4 * q + (lane >> 3);
-    p[q] = tok < tok_end ? a.k_cache + (long long)e[q] * a.k_stride_block +
-                               (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
-                               (long long)kvh * a.k_stride_head + (lane & 7) * 8
-                         : nullptr;
+    p[q] = tok < tok_end ? k_row_at(a, e[q], kvh, tok) + (lane & 7) * 8 : nullptr;
   }
 }
 
@@ -372,10 +369,7 @@ GQADRV_DEVICE void load_half_e(const MlaDecodeArgs& a, u32 slot, u32 bar, const 
     const int r = 16 * pw + 4 * q + (lane >> 3);
     const int tok = tile * 64 + r;
     const bool ok = tok < tok_end;
-    const u16* row = ok ? a.k_cache + (long long)e[q] * a.k_stride_block +
-                              (long long)(tok & (a.page_size - 1)) * a.k_stride_tok +
-                              (long long)kvh * a.k_stride_head + u * 8
-                        : a.k_cache;
+    const u16* row = ok ? k_row_at(a, e[q], kvh, tok) + u * 8 : a.k_cache;
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
       const bool okc = ok && !(MLA_NOPE && c == 8);
