@@ -9,9 +9,10 @@ many tokens wide (a table sized for a longer context than served). Prints hot (C
 calls) / cold (L2 flushed) µs per config and row, and checks every config's output against the
 default config's.
 
-Configs: default, cp (backend 'portable': the cp.async kernel), hoisted (GQADRV_PAGED_COPY=hoisted,
-cp.async), tma2 (GQADRV_TILING=4,32,2 on the TMA route), tma8 (8,32,1), det (deterministic=True),
-detexit (deterministic=True with GQADRV_PAGED_DET_EXIT=1).
+Configs: default, cp (backend 'portable': the cp.async kernel), plain (GQADRV_PAGED_COPY=plain: the
+cp.async kernel's per-chunk copy, the default before 2026-12-06), tma2 (GQADRV_TILING=4,32,2 on the TMA
+route), tma8 (8,32,1), det (deterministic=True), detall (deterministic=True with GQADRV_PAGED_DET_EXIT=0:
+every split takes part in the ticket, the default before 2026-12-06).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = {  # name: (environment, backend, deterministic)
     "default": ({}, None, False),
     "cp": ({}, "portable", False),
-    "hoisted": ({"GQADRV_PAGED_COPY": "hoisted"}, "portable", False),
+    "plain": ({"GQADRV_PAGED_COPY": "plain"}, "portable", False),
     "tma2": ({"GQADRV_TILING": "4,32,2"}, "hopper", False),
     "tma8": ({"GQADRV_TILING": "8,32,1"}, "hopper", False),
     "det": ({}, None, True),
-    "detexit": ({"GQADRV_PAGED_DET_EXIT": "1"}, None, True),
+    "detall": ({"GQADRV_PAGED_DET_EXIT": "0"}, None, True),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",
         "16,4096,16,NHD,131072")

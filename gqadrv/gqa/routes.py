@@ -187,20 +187,23 @@ def tiling_for(family: str, head_dim: int, kv8: bool = False) -> Tiling:
 # Compile-time switches of the TMA family (kernels/gqa/sm90/decode_tma.cu); the environment
 # variables exist for tuning runs only.
 _TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1)}
+# Each switch's value in the kernel sources when not defined (0 for every switch not listed): a variant's
+# name carries the switches that differ from it, so a development build never shares a default's name.
+_SWITCH_DEFAULTS = {"GQA_PREFETCH": 1, "GQA_PAGED_HOISTED_COPY": 1, "GQA_PAGED_DET_EXIT": 1}
 
 
 def switches_for(family: str) -> tuple[tuple[str, int], ...]:
     sw = []
     if family == "tma":
         sw = [(macro, int(os.environ.get(env, default))) for macro, (env, default) in _TMA_SWITCHES.items()]
-    if family == "paged" and os.environ.get("GQADRV_PAGED_COPY", "") == "hoisted":
-        # development only: the cp.async paged kernel's hoisted copy (kernels/gqa/sm80/decode_paged.cu),
-        # compiled and checked on the CPU, not yet measured on a GPU
-        sw.append(("GQA_PAGED_HOISTED_COPY", 1))
-    if family in ("paged", "paged_tma") and os.environ.get("GQADRV_PAGED_DET_EXIT", "") == "1":
-        # development only: idle batch-invariant splits leave before the ticket (paged_args.cuh);
-        # compiled and checked on the CPU, not yet run on a GPU
-        sw.append(("GQA_PAGED_DET_EXIT", 1))
+    if family == "paged" and os.environ.get("GQADRV_PAGED_COPY", "") == "plain":
+        # development only (A/B): the cp.async paged kernel's per-chunk copy instead of the hoisted one,
+        # the default since 2026-12-06 (kernels/gqa/sm80/decode_paged.cu)
+        sw.append(("GQA_PAGED_HOISTED_COPY", 0))
+    if family in ("paged", "paged_tma") and os.environ.get("GQADRV_PAGED_DET_EXIT", "") == "0":
+        # development only (A/B): every batch-invariant split takes part in the ticket, as before
+        # 2026-12-06 (paged_args.cuh; the default lets the idle ones leave)
+        sw.append(("GQA_PAGED_DET_EXIT", 0))
     if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_CVT", ""):
         # development only: the e4m3 -> fp16 conversion of the KV8 decoders (warp.cuh, GQA_KV8_CVT)
         sw.append(("GQA_KV8_CVT", int(os.environ["GQADRV_KV8_CVT"])))
@@ -226,7 +229,7 @@ class Variant:
     def name(self) -> str:
         t = self.tiling
         extra = "".join(f"_{m.lower().replace('gqa_', '')}{v}" for m, v in self.switches
-                        if v != _TMA_SWITCHES.get(m, ("", 0))[1])
+                        if v != _SWITCH_DEFAULTS.get(m, 0))
         kv = "_kve4m3" if self.kv8 else ""
         return (f"{self.family.name}_{self.dtype}{kv}_d{self.head_dim}_r{self.rows}_w{t.warps}t{t.tok}s{t.stages}"
                 f"{extra}")

@@ -138,30 +138,43 @@ def test_paged_routes():
         assert "paged" in names and (("paged_tma" in names) == (arch != "sm_80"))
 
 
-def test_hoisted_copy_switch_compiles(monkeypatch):
-    """GQADRV_PAGED_COPY=hoisted (development switch of the cp.async paged kernel) gives its own
-    module, which NVRTC builds without spills (D 128, both row counts)."""
-    from gqadrv.runtime.compiler import compile_module
+def test_hoisted_copy_is_the_default_and_plain_is_the_switch(monkeypatch):
+    """The cp.async paged kernel's hoisted copy is the default build (no switch in the route key; the
+    kernel's GQA_PAGED_HOISTED_COPY defaults to 1); GQADRV_PAGED_COPY=plain builds the per-chunk form
+    as its own module (A/B). Both compile without spills (D 128, both row counts)."""
+    from gqadrv.runtime.compiler import compile_module, kernels_root
 
-    monkeypatch.setenv("GQADRV_PAGED_COPY", "hoisted")
-    for rows in (4, 16):
-        v = routes.select_paged_variant((9, 0), 128, "float16", rows)
-        assert ("GQA_PAGED_HOISTED_COPY", 1) in v.switches and "hoisted_copy1" in v.name
-        r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
-        assert r.spill_stores == 0 and r.stack_bytes == 0
-    monkeypatch.delenv("GQADRV_PAGED_COPY")
+    src = (kernels_root() / "gqa" / "sm80" / "decode_paged.cu").read_text()
+    assert "#define GQA_PAGED_HOISTED_COPY 1" in src
+    for env in (None, "plain"):
+        if env:
+            monkeypatch.setenv("GQADRV_PAGED_COPY", env)
+        for rows in (4, 16):
+            v = routes.select_paged_variant((9, 0), 128, "float16", rows)
+            if env:
+                assert ("GQA_PAGED_HOISTED_COPY", 0) in v.switches and "hoisted_copy0" in v.name
+            else:
+                assert v.switches == ()
+            r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
+            assert r.spill_stores == 0 and r.stack_bytes == 0
+    monkeypatch.setenv("GQADRV_PAGED_COPY", "hoisted")  # any other value: the default build
     assert routes.select_paged_variant((9, 0), 128, "float16", 4).switches == ()
 
 
-def test_det_exit_switch_compiles(monkeypatch):
-    """GQADRV_PAGED_DET_EXIT=1 (development switch: idle batch-invariant splits leave before the
-    ticket) gives its own module for both paged families, built without spills."""
-    from gqadrv.runtime.compiler import compile_module
+def test_det_exit_is_the_default_and_zero_is_the_switch(monkeypatch):
+    """Idle batch-invariant splits leave before the ticket by default (GQA_PAGED_DET_EXIT defaults to 1
+    in paged_args.cuh); GQADRV_PAGED_DET_EXIT=0 builds the old form as its own module for both paged
+    families. Built without spills."""
+    from gqadrv.runtime.compiler import compile_module, kernels_root
 
-    monkeypatch.setenv("GQADRV_PAGED_DET_EXIT", "1")
+    src = (kernels_root() / "gqa" / "common" / "paged_args.cuh").read_text()
+    assert "#define GQA_PAGED_DET_EXIT 1" in src
+    for tma in (False, True):
+        assert routes.select_paged_variant((9, 0), 128, "bfloat16", 16, tma_ok=tma).switches == ()
+    monkeypatch.setenv("GQADRV_PAGED_DET_EXIT", "0")
     for tma in (False, True):
         v = routes.select_paged_variant((9, 0), 128, "bfloat16", 16, tma_ok=tma)
-        assert ("GQA_PAGED_DET_EXIT", 1) in v.switches
+        assert ("GQA_PAGED_DET_EXIT", 0) in v.switches
         r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
         assert r.spill_stores == 0 and r.stack_bytes == 0
 

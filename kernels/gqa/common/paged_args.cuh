@@ -75,13 +75,15 @@ struct PagedSchedule {
   int splits_used;       // splits of this unit that take part in its ticket (see GQA_PAGED_DET_EXIT)
 };
 
-// GQA_PAGED_DET_EXIT = 1 (development switch, GQADRV_PAGED_DET_EXIT=1; not yet run on a GPU): in the
-// batch-invariant mode only the splits that hold tokens of the request (at least split 0) take part:
-// the others leave right after the schedule, and the ticket counts max(1, ceil(nsub / split_subs))
-// arrivals. Without it every split of the launch writes an (empty) partial and takes a ticket.
-// D = 256 keeps the default (the switch makes the cp.async kernel spill on sm_100a there).
+// GQA_PAGED_DET_EXIT = 1 (the default since 2026-12-06; GQADRV_PAGED_DET_EXIT=0 builds the old form for
+// A/B): in the batch-invariant mode only the splits that hold tokens of the request (at least split 0)
+// take part: the others leave right after the schedule, and the ticket counts
+// max(1, ceil(nsub / split_subs)) arrivals. With 0 every split of the launch writes an (empty) partial
+// and takes a ticket, so a block table sized for a longer context than served launches mostly idle
+// CTAs that still cost their partials (H100, B16 L4096 in a 131072-token table: 224.2 -> 114.3 us hot).
+// D = 256 keeps the old form (the switch makes the cp.async kernel spill on sm_100a there).
 #ifndef GQA_PAGED_DET_EXIT
-#define GQA_PAGED_DET_EXIT 0
+#define GQA_PAGED_DET_EXIT 1
 #endif
 #if defined(GQA_D) && GQA_D == 256
 #undef GQA_PAGED_DET_EXIT

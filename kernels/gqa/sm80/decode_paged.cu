@@ -55,14 +55,15 @@ GQADRV_DEVICE u32 slot_chunk(int r, int c) {
 // Fill a ring slot with rows [tok0, tok0 + TOK) of one KV head. `my_off` is this lane's offset of
 // row lane % TOK (-1: zero-fill); `one_page`: every row is on the page of row 0.
 //
-// GQA_PAGED_HOISTED_COPY = 1 (development switch, GQADRV_PAGED_COPY=hoisted; not yet measured on a
-// GPU): the one-page test is taken once per sub-tile instead of once per chunk, and a lane's chunk
-// column c = lane % CPR is the same for every copy, so the one-page path walks one pointer per lane by
-// a constant row step (about half the integer instructions per chunk of the default form, whose
-// per-chunk branch ptxas does not hoist out of the unrolled loop).
-// D = 256 keeps the default form (the hoisted one spills on sm_100a there).
+// GQA_PAGED_HOISTED_COPY = 1 (the default since 2026-12-06; GQADRV_PAGED_COPY=plain builds the per-chunk
+// form for A/B): the one-page test is taken once per sub-tile instead of once per chunk, and a lane's
+// chunk column c = lane % CPR is the same for every copy, so the one-page path walks one pointer per lane
+// by a constant row step (about half the integer instructions per chunk of the per-chunk form, whose
+// per-chunk branch ptxas does not hoist out of the unrolled loop). H100: 0.6-0.9 % faster at B 64 / 128
+// (docs/RESULTS.md, 2026-12-06), outputs bit-identical.
+// D = 256 keeps the per-chunk form (the hoisted one spills on sm_100a there).
 #ifndef GQA_PAGED_HOISTED_COPY
-#define GQA_PAGED_HOISTED_COPY 0
+#define GQA_PAGED_HOISTED_COPY 1
 #endif
 #if GQA_D == 256
 #undef GQA_PAGED_HOISTED_COPY
