@@ -374,8 +374,8 @@ def prefill_experiments() -> dict:
     (the gathered indices) just before their copies (MLA_BT_AHEAD=0; the default until 2026-12-06, 3.5-4 %
     slower on the stable prefill rows, docs/RESULTS.md), ``<variant>_hb`` completes each half tile on one full
     barrier, as the TMA producer does, instead of one per channel block, its row pointers formed at the copies
-    (MLA_CP_HALF_BAR=1: 2 asynchronous arrivals per producer thread and tile instead of 9; written 2026-12-06, not
-    yet run on a GPU), and ``seesaw_nope_bal_nb9`` loads zeros into channel block 8 and multiplies it
+    (MLA_CP_HALF_BAR=1: 2 asynchronous arrivals per producer thread and tile instead of 9; bit-identical, 8-17 %
+    slower on every sparse prefill row, H100 2026-12-06, docs/RESULTS.md), and ``seesaw_nope_bal_nb9`` loads zeros into channel block 8 and multiplies it
     (MLA_NOPE_SKIP=0)."""
     table = [(name, "xmax", "the exact running max with max_logits (MLA_MAXLOG_LAZY=0)", (("MLA_MAXLOG_LAZY", 0),))
              for name in ("seesaw_bal_cp", "seesaw_nope_bal")]

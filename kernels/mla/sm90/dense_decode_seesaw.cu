@@ -65,7 +65,8 @@
 //             K1 cb 0..3  freed by WG0 after O_L += sP1 V1L      (empty[1][0])
 //           and completes each block on full[slot][cb] with cp.async.mbarrier.arrive.noinc (count 128);
 //           MLA_CP_HALF_BAR=1 (experiment _hb, balanced builds) completes each half on one barrier, full[slot][0]
-//           / [4], as TMA mode does, forming each row pointer at its copies (load_half_e; not yet run on a GPU).
+//           / [4], as TMA mode does, forming each row pointer at its copies (load_half_e; bit-identical, and
+//           8-17 % slower on every sparse prefill row on an H100, 2026-12-06: not the default).
 //           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
 //           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
 // d_qk 512 (MLA_NOPE=1, sparse prefill without RoPE channels; cp.async path only): q and K rows hold
