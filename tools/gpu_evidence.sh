@@ -131,7 +131,7 @@ for step in $STEPS; do
   prefill_ab) GQADRV_MLA_EXPERIMENTS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
                 "tests/mla/test_mla_experiments_gpu.py::test_prefill_builds_agree" > "$OUT/prefill_ab_tests.txt" 2>&1
               GQADRV_MLA_EXPERIMENTS=1 python3 -m gqadrv bench --op mla_sparse_prefill --no-peers --reps 5 --graph-calls 5 \
-                --rounds 3 --mla-sparse-prefill-also seesaw_bal_cp_hb seesaw_bal_cp_bt0 \
+                --rounds 3 --mla-sparse-prefill-also seesaw_bal_cp_bt0 \
                 --json "$OUT/prefill_ab.json" > "$OUT/prefill_ab.txt" 2>&1 ;;
   prefill_ncu) # Nsight Compute on the sparse prefill's dense kernel and on FlashMLA's (run fmla first) at h_q 64
                # d512 topk 512 and h_q 128 d576 topk 2048 (s_q 1024), s_kv 8K, sink: speed of light, memory,

@@ -656,16 +656,14 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
     seesaw_items_model([npairs], seed, tma=tma, tails=[tail], balanced=False)
 
 
-def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False,
-                   half_bar: bool = False) -> None:
+def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False) -> None:
     """seesaw_bal (TMA, MLA_BALANCED=1) or seesaw_bal_cp (``tma`` False: the cp.async producer walking the
-    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1; ``half_bar``: MLA_CP_HALF_BAR=1 (the cp.async
-    producer completes each half tile on one barrier). See seesaw_items_model."""
-    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry, half_bar=half_bar)
+    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1. See seesaw_items_model."""
+    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry)
 
 
 def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool,
-                       carry: bool = False, half_bar: bool = False) -> None:
+                       carry: bool = False) -> None:
     """Transcription of dense_decode_seesaw.cu for one CTA: ``items`` = pairs per work item (0: an
     empty request the CTA answers; the split grid has one item with >= 1 pair). Agents: the consumer
     warpgroups WG0 / WG1 and the producer: with ``tma`` (MLA_TMA_K=1) the TMA thread (one full barrier
@@ -684,8 +682,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
     that item's first Q K^T, which it retires before the item ends; the next item then skips its prologue."""
     assert balanced or len(items) == 1, "the split grid has one work item"
     assert balanced or not carry, "MLA_CARRY_S needs the balanced grid"
-    assert not (half_bar and (tma or not balanced)), "MLA_CP_HALF_BAR is a balanced cp.async build"
-    halves = tma or half_bar  # one full barrier per half tile
+    halves = tma  # one full barrier per half tile
     tails = tails or [(False, False)] * len(items)
     m = Machine(random.Random(seed))
     for s_ in range(2):
@@ -715,7 +712,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 yield ("load", KB(slot, c), ("tile", tile, c))
                 if not halves:
                     yield ("noinc", FULL(slot, c))
-            if halves:  # one TMA (or one cp.async arrival) per half: the barrier completes when the half landed
+            if halves:  # one TMA per half: the barrier completes when the half landed
                 yield ("noinc", FULL(slot, c0))
 
         if not tma and not balanced:  # the split grid's cp.async producer warpgroup loads Q itself first
@@ -1198,15 +1195,14 @@ def protocol_model(seeds: int = 40) -> list[str]:
                 except ModelError as exc:
                     problems.append(f"seesaw_bal items {items} tail {tails} seed {seed}: {exc}")
                     break
-        # the cp.async producer walking the items (seesaw_bal_cp), MLA_CARRY_S on both producers, and the
-        # cp.async producer with one barrier per half tile (MLA_CP_HALF_BAR, experiment _hb)
-        for tma, carry, half in ((False, False, False), (False, True, False), (True, True, False), (False, False, True)):
+        # the cp.async producer walking the items (seesaw_bal_cp) and MLA_CARRY_S on both producers
+        for tma, carry in ((False, False), (False, True), (True, True)):
             for seed in range(seeds // 2):
                 try:
-                    balanced_model(list(items), seed, tma=tma, carry=carry, half_bar=half)
+                    balanced_model(list(items), seed, tma=tma, carry=carry)
                 except ModelError as exc:
                     problems.append(f"seesaw_bal{'' if tma else '_cp'}{' carry' if carry else ''}"
-                                    f"{' half_bar' if half else ''} items {items} seed {seed}: {exc}")
+                                    f" items {items} seed {seed}: {exc}")
                     break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):

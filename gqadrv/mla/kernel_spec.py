@@ -372,11 +372,8 @@ def prefill_experiments() -> dict:
     (MLA_KV_HINT=0), ``<variant>_oef`` stores the out rows with an L2 evict_first policy (MLA_OUT_EVICT_FIRST=1:
     the 268-537 MB of out leave the kv rows in L2), ``<variant>_bt0`` reads the producer's block-table entries
     (the gathered indices) just before their copies (MLA_BT_AHEAD=0; the default until 2026-12-06, 3.5-4 %
-    slower on the stable prefill rows, docs/RESULTS.md), ``<variant>_hb`` completes each half tile on one full
-    barrier, as the TMA producer does, instead of one per channel block, its row pointers formed at the copies
-    (MLA_CP_HALF_BAR=1: 2 asynchronous arrivals per producer thread and tile instead of 9; bit-identical, 8-17 %
-    slower on every sparse prefill row, H100 2026-12-06, docs/RESULTS.md), and ``seesaw_nope_bal_nb9`` loads zeros into channel block 8 and multiplies it
-    (MLA_NOPE_SKIP=0)."""
+    slower on the stable prefill rows, docs/RESULTS.md), and ``seesaw_nope_bal_nb9`` loads zeros into channel
+    block 8 and multiplies it (MLA_NOPE_SKIP=0)."""
     table = [(name, "xmax", "the exact running max with max_logits (MLA_MAXLOG_LAZY=0)", (("MLA_MAXLOG_LAZY", 0),))
              for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
     table += [(name, "nohint", "K / Q copies without L2 hints (MLA_KV_HINT=0)", (("MLA_KV_HINT", 0),))
@@ -385,8 +382,6 @@ def prefill_experiments() -> dict:
                (("MLA_OUT_EVICT_FIRST", 1),)) for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
     table += [(name, "bt0", "block-table entries read just before their copies (MLA_BT_AHEAD=0)",
                (("MLA_BT_AHEAD", 0),)) for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
-    table += [(name, "hb", "one full barrier per half tile, row pointers formed per copy (MLA_CP_HALF_BAR=1)",
-               (("MLA_CP_HALF_BAR", 1),)) for name in ("seesaw_bal_cp", "seesaw_nope_bal")]
     table.append(("seesaw_nope_bal", "nb9", "channel block 8 zero-filled and multiplied (MLA_NOPE_SKIP=0)",
                   (("MLA_NOPE_SKIP", 0),)))
     return dict(_derived(KERNELS[name], suffix, what, extra) for name, suffix, what, extra in table)

@@ -9,8 +9,7 @@ oracle and give out / lse bit-identical to seesaw_bal. ``<variant>_st4`` (MLA_OU
 pair of output channels instead of the default 16-byte chunks) must give outputs bit-identical to the default.
 The sparse prefill's builds without one of its 2026-12-06 changes (``_nohint``: no L2 policies, ``_nb9``: the
 zero channel block of d_qk 512 multiplied), ``_oef`` (out stores with an L2 evict_first policy) and ``_bt0`` (block-table
-entries read just before their copies) and ``_hb`` (one full barrier per half tile) must be bit-identical to the
-default; ``_xmax`` (the exact running max
+entries read just before their copies) must be bit-identical to the default; ``_xmax`` (the exact running max
 under max_logits) must give bit-identical max_logits and out / lse within the grid's tolerances."""
 
 from __future__ import annotations
@@ -235,8 +234,7 @@ PREFILL_SCRIPT = textwrap.dedent("""
         base = "seesaw_bal_cp" if d == 576 else "seesaw_nope_bal"
         ref = gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.5, backend="seesaw_bal_cp")
         ref = [cp.asnumpy(x.astype(cp.float32)) for x in ref]
-        builds = ["seesaw_bal_cp_nohint", "seesaw_bal_cp_oef", "seesaw_bal_cp_bt0", "seesaw_bal_cp_hb",
-                  "seesaw_bal_cp_xmax"]
+        builds = ["seesaw_bal_cp_nohint", "seesaw_bal_cp_oef", "seesaw_bal_cp_bt0", "seesaw_bal_cp_xmax"]
         builds += ["seesaw_nope_bal_nb9"] if d == 512 else []
         for v in builds:
             got = [cp.asnumpy(x.astype(cp.float32)) for x in gqadrv.flash_mla_sparse_fwd(q, kv, idx, 0.5, backend=v)]
@@ -259,7 +257,7 @@ PREFILL_SCRIPT = textwrap.dedent("""
 
 
 def test_prefill_builds_agree():
-    """The sparse prefill's default builds against ``_nohint`` / ``_oef`` / ``_bt0`` / ``_hb`` / ``_nb9`` (bit for bit) and ``_xmax``
+    """The sparse prefill's default builds against ``_nohint`` / ``_oef`` / ``_bt0`` / ``_nb9`` (bit for bit) and ``_xmax``
     (max_logits bit for bit, out / lse close) on rising logits, balanced and split grids, d_qk 576 / 512."""
     r = _run_experiment_script(PREFILL_SCRIPT, 900)
     print(r.stdout[-4000:])

@@ -64,9 +64,6 @@
 //             K0 cb 4..8  freed by WG1 after O_R += sP0 V0R      (empty[0][1])
 //             K1 cb 0..3  freed by WG0 after O_L += sP1 V1L      (empty[1][0])
 //           and completes each block on full[slot][cb] with cp.async.mbarrier.arrive.noinc (count 128);
-//           MLA_CP_HALF_BAR=1 (experiment _hb, balanced builds) completes each half on one barrier, full[slot][0]
-//           / [4], as TMA mode does, forming each row pointer at its copies (load_half_e; bit-identical, and
-//           8-17 % slower on every sparse prefill row on an H100, 2026-12-06: not the default).
 //           Readers wait on the full barrier of every block they read (parity = pair index & 1), then
 //           fence.proxy.async (cp.async writes are generic-proxy; wgmma reads are async-proxy).
 // d_qk 512 (MLA_NOPE=1, sparse prefill without RoPE channels; cp.async path only): q and K rows hold
@@ -235,11 +232,6 @@ GQADRV_DEVICE void copy16(u32 dst, const void* src, u32 bytes, u64 pol) {
 #define MLA_BT_AHEAD MLA_BALANCED
 #endif
 static_assert(!(MLA_BT_AHEAD && !MLA_BALANCED), "MLA_BT_AHEAD is built on the balanced grid's item walk");
-#ifndef MLA_CP_HALF_BAR
-#define MLA_CP_HALF_BAR 0  // balanced cp.async bf16 / fp16 producer: one full barrier per half tile (experiment _hb)
-#endif
-static_assert(!(MLA_CP_HALF_BAR && !(MLA_BT_AHEAD && !MLA_FP8 && !MLA_TMA_K)),
-              "MLA_CP_HALF_BAR is built on the balanced cp.async bf16 / fp16 producer (MLA_BT_AHEAD)");
 #ifndef MLA_Q_PREFETCH
 #define MLA_Q_PREFETCH 0  // balanced builds: the producer prefetches the next item's Q rows into L2 (experiment)
 #endif
@@ -257,8 +249,8 @@ GQADRV_DEVICE void k_fence() {
 #endif
 }
 
-#if MLA_TMA_K || MLA_CP_HALF_BAR
-// TMA mode and MLA_CP_HALF_BAR: one barrier per half tile (cb 0..3 -> full[slot][0], cb 4..8 -> full[slot][4])
+#if MLA_TMA_K
+// TMA mode: one barrier per half tile (cb 0..3 -> full[slot][0], cb 4..8 -> full[slot][4])
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + (cb < 4 ? 0 : 4)); }
 #else
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot, int cb) { return sb + OFF_BAR + 8u * (u32)(9 * slot + cb); }
@@ -357,28 +349,6 @@ GQADRV_DEVICE void load_blocks(u32 slot, u32 bar_slot0, const u16* const (&p)[4]
     }
     cp_async_mbar_arrive_noinc(bar_slot0 + 8u * (u32)c);
   }
-}
-
-// MLA_CP_HALF_BAR: channel blocks [C0, C1) of tile `tile` from the block-table entries e (tile_entries), the row
-// pointers formed per copy (not held across the pair's waits), completed on the half's one barrier `bar`.
-template <int C0, int C1>
-GQADRV_DEVICE void load_half_e(const MlaDecodeArgs& a, u32 slot, u32 bar, const int (&e)[4], int kvh, int tile,
-                               int tok_end, int pw, int lane, u64 pol) {
-  const int u = lane & 7;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r = 16 * pw + 4 * q + (lane >> 3);
-    const int tok = tile * 64 + r;
-    const bool ok = tok < tok_end;
-    const u16* row = ok ? k_row_at(a, e[q], kvh, tok) + u * 8 : a.k_cache;
-#pragma unroll
-    for (int c = C0; c < C1; ++c) {
-      const bool okc = ok && !(MLA_NOPE && c == 8);
-      copy16(slot + (u32)c * CB + swz(r, u), okc ? (const void*)(row + c * 64) : (const void*)a.k_cache, okc ? 16u : 0u,
-             pol);
-    }
-  }
-  cp_async_mbar_arrive_noinc(bar);
 }
 
 GQADRV_DEVICE void setmaxnreg_dec_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS)); }
@@ -772,26 +742,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       for (int it = 0; it < npairs; ++it) {
         const int T0 = t_beg + 2 * it;
         const u32 pe = (u32)((gp + it) & 1) ^ 1u;  // empty parity: the first fill of every block is free
-#if MLA_CP_HALF_BAR
-        int n0[4] = {0, 0, 0, 0}, n1[4] = {0, 0, 0, 0};  // the next pair's entries, loaded during this pair's copies
-        if (it + 1 < npairs) {
-          tile_entries(a, bt_row, T0 + 2, tok_end, pw, lane, n0);
-          tile_entries(a, bt_row, T0 + 3, tok_end, pw, lane, n1);
-        }
-        mbar_wait_wd(empty_bar(sb, 0, 0), pe);
-        load_half_e<0, 4>(a, sb + OFF_K0, full_bar(sb, 0, 0), e0, kvh, T0, tok_end, pw, lane, k_pol);
-        mbar_wait_wd(empty_bar(sb, 1, 1), pe);
-        load_half_e<4, NCB_QK>(a, sb + OFF_K1, full_bar(sb, 1, 4), e1, kvh, T0 + 1, tok_end, pw, lane, k_pol);
-        mbar_wait_wd(empty_bar(sb, 0, 1), pe);
-        load_half_e<4, NCB_QK>(a, sb + OFF_K0, full_bar(sb, 0, 4), e0, kvh, T0, tok_end, pw, lane, k_pol);
-        mbar_wait_wd(empty_bar(sb, 1, 0), pe);
-        load_half_e<0, 4>(a, sb + OFF_K1, full_bar(sb, 1, 0), e1, kvh, T0 + 1, tok_end, pw, lane, k_pol);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          e0[q] = n0[q];
-          e1[q] = n1[q];
-        }
-#else
         const u16* p0[4];
         const u16* p1[4];
 #if MLA_BT_AHEAD
@@ -813,7 +763,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
         load_blocks<4, NCB_QK>(sb + OFF_K0, full_bar(sb, 0, 0), p0, a.k_cache, pw, lane, k_pol);
         mbar_wait_wd(empty_bar(sb, 1, 0), pe);
         load_blocks<0, 4>(sb + OFF_K1, full_bar(sb, 1, 0), p1, a.k_cache, pw, lane, k_pol);
-#endif
       }
 #if !MLA_BALANCED
       cp_async_wait_all();
