@@ -11,7 +11,8 @@
 # (compute-sanitizer memcheck + racecheck over the MLA routes); for the paged GQA family: paged_bench
 # (`bench --op gqa_paged` with FlashInfer's paged wrappers), fp8_bench (`bench --op gqa_fp8`: the
 # FP8-e4m3 KV paged decode against our fp16 one and FlashInfer's fp8 / fp16 paged decode on the
-# ANCHORS rows), paged_sanitize (memcheck + racecheck over the paged routes and merge_state),
+# ANCHORS rows), paged_tests / fp8_tests (the GPU test files of the paged / FP8 issues, pytest's output and its
+# max-error lines kept), paged_sanitize (memcheck + racecheck over the paged routes and merge_state),
 # integrations (tests/integrations on the GPU: torch.compile, torch graphs, jax.jit, incl. the
 # paged / LSE / merge ops), paged_tune (tools/paged_tune.py: the paged routes under tuning
 # switches); step_bench (`bench --op gqa_step`: a 64-layer decode step, a distinct KV cache per
@@ -152,6 +153,15 @@ for step in $STEPS; do
                     python3 tools/sanitize_routes.py --mla-only > "$OUT/mla_$t.log" 2>&1
                   echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/mla_$t.log"
                 done > "$OUT/mla_sanitize.txt" 2>&1 ;;
+  paged_tests) # issue #17's GPU files: the paged oracle grid, merge, invariance, graphs, status, layout caches,
+               # torch / JAX interop of the paged ops (run before paged_bench and paged_sanitize on an H200)
+               python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/gqa/test_paged_gpu.py \
+                 tests/gqa/test_merge_gpu.py tests/gqa/test_paged_layout_cache_gpu.py tests/gqa/test_merge_layout_cache_gpu.py \
+                 tests/integrations/test_torch_paged_gpu.py tests/integrations/test_jax_paged_gpu.py > "$OUT/paged_tests.txt" 2>&1 ;;
+  fp8_tests) # issue #18's GQA / format GPU files: FP8 paged grid, the quantizers, the 656-byte MLA format, interop
+             python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/gqa/test_paged_fp8_gpu.py \
+               tests/gqa/test_kv_fp8_gpu.py tests/ops/test_fp8_codec_gpu.py tests/mla/test_fp8_cache_gpu.py \
+               tests/integrations/test_torch_fp8_gpu.py tests/integrations/test_jax_fp8_gpu.py > "$OUT/fp8_tests.txt" 2>&1 ;;
   paged_bench) python3 -m gqadrv bench --op gqa_paged --reps 10 --json "$OUT/paged_bench.json" \
                  > "$OUT/paged_bench.txt" 2>&1 ;;
   fp8_bench) python3 -m gqadrv bench --op gqa_fp8 --reps 10 --json "$OUT/fp8_bench.json" \
