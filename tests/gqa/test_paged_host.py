@@ -179,6 +179,22 @@ def test_det_exit_is_the_default_and_zero_is_the_switch(monkeypatch):
         assert r.spill_stores == 0 and r.stack_bytes == 0
 
 
+def test_a_switch_off_its_kernel_default_changes_the_variant_name(monkeypatch):
+    """Every development switch whose kernel default is not 0 (routes._SWITCH_DEFAULTS) appears in the variant's
+    name when set to another value, so a development build never shows a default build's name (the paged
+    switches' defaults became 1 on 2026-12-06)."""
+    import dataclasses
+
+    base = routes.select_paged_variant((9, 0), 128, "float16", 8)
+    assert base.switches == ()
+    names = {base.name}
+    for macro, default in routes._SWITCH_DEFAULTS.items():
+        v = dataclasses.replace(base, switches=((macro, 1 - default),))
+        assert v.name not in names, macro
+        names.add(v.name)
+        assert dataclasses.replace(base, switches=((macro, default),)).name == base.name
+
+
 def test_tma_maps_are_cached_including_not_describable(monkeypatch):
     """tma_maps encodes once per pool geometry and address (fake encoder), returns the two maps of the
     K and V pools, and remembers a pool TMA cannot describe (pages < 16: no map) as well."""
