@@ -189,8 +189,8 @@ def tiling_for(family: str, head_dim: int, kv8: bool = False) -> Tiling:
 _TMA_SWITCHES = {"GQA_PREFETCH": ("GQADRV_PREFETCH", 1)}
 # Each switch's value in the kernel sources when not defined (0 for every switch not listed): a variant's
 # name carries the switches that differ from it, so a development build never shares a default's name.
-_SWITCH_DEFAULTS = {"GQA_PREFETCH": 1, "GQA_PAGED_HOISTED_COPY": 1, "GQA_PAGED_DET_EXIT": 1, "GQA_KV8_T": 1,
-                    "GQA_KV8_CVT": 1}
+_SWITCH_DEFAULTS = {**{m: d for m, (_, d) in _TMA_SWITCHES.items()},
+                    "GQA_PAGED_HOISTED_COPY": 1, "GQA_PAGED_DET_EXIT": 1, "GQA_KV8_T": 1, "GQA_KV8_CVT": 1}
 
 
 def switches_for(family: str) -> tuple[tuple[str, int], ...]:

@@ -179,7 +179,7 @@ def test_det_exit_is_the_default_and_zero_is_the_switch(monkeypatch):
         assert r.spill_stores == 0 and r.stack_bytes == 0
 
 
-def test_a_switch_off_its_kernel_default_changes_the_variant_name(monkeypatch):
+def test_a_switch_off_its_kernel_default_changes_the_variant_name():
     """Every development switch whose kernel default is not 0 (routes._SWITCH_DEFAULTS) appears in the variant's
     name when set to another value, so a development build never shows a default build's name (the paged
     switches' defaults became 1 on 2026-12-06)."""
