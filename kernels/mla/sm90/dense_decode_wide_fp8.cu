@@ -267,13 +267,12 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
   float ot[128];      // O rows 16w + g (+8) x this warpgroup's 256 logical channels (wgmma C layout)
   float l_run[4][2];  // own query columns n = 8 (jo + 4u) + 2t + e: sums per thread
   int e_run = E_MAX;  // O is in units of 2^-e_run
-  int nt_done;
+  int nt_done = 0;    // tiles walked (the loop's counter at its exit: no register of its own in the loop)
   {
   WFP8_GEOMETRY();
   const int u = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
   const int ctid = tid;  // 0..255
   const int hh = w >> 1;  // the half stage this warp reads
-  nt_done = nt;
 #pragma unroll
   for (int i = 0; i < 128; ++i) ot[i] = 0.f;
   // the running maxima live in shared memory (mrun[k & 1] written by tile k, read by tile k + 1),
@@ -317,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
         qsc[n] = a.scale_log2 * exp2i(sh);
         mrun[n] = M_INIT;
         mrun[NQ + n] = M_INIT;
-        lim_s[n] = min(row_key_limit(a, len, row0 + n), tok_end);
+        lim_s[n] = min(row_key_limit(a, len, row0 + n), tok_end) - 64 * t_beg;  // split-relative
       }
 #pragma unroll 4
       for (int i = 0; i < 16; ++i) {  // (read again: L1 / L2 hits, fewer live registers)
@@ -361,13 +360,18 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
     reg_fence(sacc);
     reg_fence(ot);
 
+    // positions in the loop are relative to the split's first key (t_beg * 64), as are the limits in
+    // lim_s: t_beg, tok_end and nt then need no register through the loop, only rel_end, which lies in
+    // (64 (nt - 1), 64 nt] (tok_end < 64 t_end only in the sequence's last tile), so it bounds the loop
+    const int rel_end = tok_end - 64 * t_beg;
+    int k = 0;
 #pragma unroll 1
-    for (int k = 0; k < nt; ++k) {
-      const int tile = t_beg + k, hi = 2 * k + hh, s = hi % NSTAGE;
+    for (; 64 * k < rel_end; ++k) {
+      const int hi = 2 * k + hh, s = hi % NSTAGE;
       mbar_wait_wd(full_bar(sb, s), (u32)((hi / NSTAGE) & 1));
       const u32 st = stage_addr(sb, s);
       const u32 r0 = st + (u32)ir * ROW, r1 = r0 + 8u * ROW;
-      const int nvalid = tok_end - tile * 64;  // rows >= nvalid hold stale bytes (last tile only)
+      const int nvalid = rel_end - k * 64;  // rows >= nvalid hold stale bytes (last tile only)
       // ---- the tokens' scales: E_tok and the f16 factors of this warpgroup's blocks. In the split's
       // last tile the rows >= tok_end hold stale bytes (an earlier tile's, or never written): the thread
       // zeroes the units it reads itself (its four code units and its RoPE unit) and drops their scales.
@@ -450,8 +454,8 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
 
       // ---- softmax of the own columns (n = 32u + c32, c32 = 8 jo + 2t + e): logits, then the key
       // limits only in tiles that reach one
-      const bool need_mask = (tile + 1) * 64 > lim_s[0];  // lim_s[0]: the smallest limit (row 0's), read
-                                                           // from smem rather than kept in a register
+      const bool need_mask = (k + 1) * 64 > lim_s[0];  // lim_s[0]: the smallest limit (row 0's), read
+                                                       // from smem rather than kept in a register
       const float inv0 = exp2i(-E0), inv1 = exp2i(-E1);
 #pragma unroll
       for (int jo = 0; jo < 4; ++jo) {
@@ -463,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
         x[jo][1][1] *= inv1 * sc1;
       }
       if (need_mask) {
-        const int pos0 = tile * 64 + i0, pos1 = pos0 + 8;
+        const int pos0 = k * 64 + i0, pos1 = pos0 + 8;  // split-relative, like lim_s
 #pragma unroll
         for (int jo = 0; jo < 4; ++jo) {
           int l2[2];
@@ -570,6 +574,7 @@ extern "C" __global__ void __launch_bounds__(mla::wfp8::THREADS, 1)
       reg_fence(ot);
       named_bar_sync(bar_wg, 128);  // the warpgroup's V reads retired before the next tile's stmatrix
     }
+    nt_done = k;
   }
   }  // the tile loop's geometry ends here
   pdl_launch_dependents();
