@@ -656,14 +656,13 @@ def seesaw_model(npairs: int, seed: int, tma: bool = False, tail: tuple = (False
     seesaw_items_model([npairs], seed, tma=tma, tails=[tail], balanced=False)
 
 
-def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True, carry: bool = False) -> None:
+def balanced_model(items: list, seed: int, tails: list | None = None, tma: bool = True) -> None:
     """seesaw_bal (TMA, MLA_BALANCED=1) or seesaw_bal_cp (``tma`` False: the cp.async producer walking the
-    items) over one CTA's work items; ``carry``: MLA_CARRY_S=1. See seesaw_items_model."""
-    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True, carry=carry)
+    items) over one CTA's work items. See seesaw_items_model."""
+    seesaw_items_model(list(items), seed, tma=tma, tails=tails, balanced=True)
 
 
-def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool,
-                       carry: bool = False) -> None:
+def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, balanced: bool) -> None:
     """Transcription of dense_decode_seesaw.cu for one CTA: ``items`` = pairs per work item (0: an
     empty request the CTA answers; the split grid has one item with >= 1 pair). Agents: the consumer
     warpgroups WG0 / WG1 and the producer: with ``tma`` (MLA_TMA_K=1) the TMA thread (one full barrier
@@ -677,11 +676,8 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
     halves are released (also an item's last), sM is reset behind the epilogue barrier; the split
     grid releases only halves that a later pair refills. Both end with the merge weights written into
     the K slots, which must find no load or wgmma in flight. The balanced cp.async producer loads each
-    item's Q (after q_empty of the previous one) before the item's pairs. ``carry`` (MLA_CARRY_S=1,
-    balanced): an item's epilogue, after its shared-memory traffic, waits for the next item's Q and issues
-    that item's first Q K^T, which it retires before the item ends; the next item then skips its prologue."""
+    item's Q (after q_empty of the previous one) before the item's pairs."""
     assert balanced or len(items) == 1, "the split grid has one work item"
-    assert balanced or not carry, "MLA_CARRY_S needs the balanced grid"
     halves = tma  # one full barrier per half tile
     tails = tails or [(False, False)] * len(items)
     m = Machine(random.Random(seed))
@@ -744,17 +740,13 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
             yield ("wait", FULL(wg, c), b0 & 1)
             yield ("gemm", q + [(KB(wg, c), ("tile", 2 * b0 + wg, c))], f"wg{wg} item{k} {what} QK cb{c}")
 
-    def epilogue(wg, k, last_tag, nq):
+    def epilogue(wg, k, last_tag):
         yield ("nb_sync", 5)  # sum_rows_2wg
         yield ("read", ("sM",), last_tag, f"wg{wg} item{k} epilogue sM")
         if balanced:
             yield ("nb_sync", 5)  # every thread has read sM: reset
             if wg == 0:
                 yield ("write", ("sM",), ("init", k + 1), f"wg0 item{k} sM reset")
-        if carry and k + 1 < len(items) and items[k + 1] > 0:  # the out stores (global) overlap it
-            yield ("wait", "q", nq & 1)
-            yield from first_qk(wg, k + 1, "carried")
-            yield ("wait_group", 0)
 
     def merge_weights(wg):
         yield ("nb_sync", 5)
@@ -766,13 +758,12 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
         for k, n in enumerate(items):
             tail = tails[k]
             if n == 0:
-                yield from epilogue(0, k, ("init", k), nq)
+                yield from epilogue(0, k, ("init", k))
                 continue
             q = [(("Q",), ("q", k))]
             b0 = base[k]
-            if not (carry and k > 0):
-                yield ("wait", "q", nq & 1)
-                yield from first_qk(0, k, "prologue")
+            yield ("wait", "q", nq & 1)
+            yield from first_qk(0, k, "prologue")
             yield ("wait_group", 0)
             if n == 1:
                 yield ("arrive", "qe")
@@ -819,7 +810,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
-            yield from epilogue(0, k, ("m1", b0 + n - 1), nq)
+            yield from epilogue(0, k, ("m1", b0 + n - 1))
         yield from merge_weights(0)
 
     def wg1():
@@ -828,13 +819,12 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
         for k, n in enumerate(items):
             tail = tails[k]
             if n == 0:
-                yield from epilogue(1, k, ("init", k), nq)
+                yield from epilogue(1, k, ("init", k))
                 continue
             q = [(("Q",), ("q", k))]
             b0 = base[k]
-            if not (carry and k > 0):
-                yield ("wait", "q", nq & 1)
-                yield from first_qk(1, k, "prologue")
+            yield ("wait", "q", nq & 1)
+            yield from first_qk(1, k, "prologue")
             yield ("wait_group", 0)
             if n == 1:
                 yield ("arrive", "qe")
@@ -876,7 +866,7 @@ def seesaw_items_model(items: list, seed: int, tma: bool, tails: list | None, ba
                 if it + 2 == n:
                     yield ("arrive", "qe")
             nq += 1
-            yield from epilogue(1, k, ("m1", b0 + n - 1), nq)
+            yield from epilogue(1, k, ("m1", b0 + n - 1))
         yield from merge_weights(1)
 
     agents = {"producer": k_producer(), "wg0": wg0(), "wg1": wg1()}
@@ -1195,15 +1185,13 @@ def protocol_model(seeds: int = 40) -> list[str]:
                 except ModelError as exc:
                     problems.append(f"seesaw_bal items {items} tail {tails} seed {seed}: {exc}")
                     break
-        # the cp.async producer walking the items (seesaw_bal_cp) and MLA_CARRY_S on both producers
-        for tma, carry in ((False, False), (False, True), (True, True)):
-            for seed in range(seeds // 2):
-                try:
-                    balanced_model(list(items), seed, tma=tma, carry=carry)
-                except ModelError as exc:
-                    problems.append(f"seesaw_bal{'' if tma else '_cp'}{' carry' if carry else ''}"
-                                    f" items {items} seed {seed}: {exc}")
-                    break
+        # the cp.async producer walking the items (seesaw_bal_cp)
+        for seed in range(seeds // 2):
+            try:
+                balanced_model(list(items), seed, tma=False)
+            except ModelError as exc:
+                problems.append(f"seesaw_bal_cp items {items} seed {seed}: {exc}")
+                break
     for nslot in (25, 23, 18):
         for ntiles in (1, 2, 3, 7):
             for seed in range(seeds // 2):

@@ -387,22 +387,8 @@ def prefill_experiments() -> dict:
     return dict(_derived(KERNELS[name], suffix, what, extra) for name, suffix, what, extra in table)
 
 
-def item_overlap_experiments() -> dict:
-    """``<variant>_carry`` / ``_qpf`` / ``_cq`` for the balanced seesaw builds (seesaw_bal, seesaw_bal_cp,
-    seesaw_nope_bal): the next item's first Q K^T issued before this item's epilogue (MLA_CARRY_S=1), the
-    producer's L2 prefetch of the next item's Q rows (MLA_Q_PREFETCH=1), and both; same arithmetic, so outputs
-    bit-identical to the default (test_mla_experiments_gpu.py). Written 2026-12-06 for the sparse prefill's
-    per-list epilogue and Q wait (docs/MLA.md); experiment, GQADRV_MLA_EXPERIMENTS=1."""
-    modes = (("carry", "the next item's first Q K^T before the epilogue (MLA_CARRY_S=1)", (("MLA_CARRY_S", 1),)),
-             ("qpf", "an L2 prefetch of the next item's Q rows (MLA_Q_PREFETCH=1)", (("MLA_Q_PREFETCH", 1),)),
-             ("cq", "MLA_CARRY_S=1 and MLA_Q_PREFETCH=1", (("MLA_CARRY_S", 1), ("MLA_Q_PREFETCH", 1))))
-    return dict(_derived(KERNELS[name], suffix, what, extra)
-                for name in ("seesaw_bal", "seesaw_bal_cp", "seesaw_nope_bal") for suffix, what, extra in modes)
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
     KERNELS.update(out_st4_experiments())
-    KERNELS.update(item_overlap_experiments())
     KERNELS.update(prefill_experiments())
     KERNELS.update(arrive_handoff_experiments())
     _schedule = schedule_experiments()

@@ -180,10 +180,6 @@ GQADRV_DEVICE void named_bar_arrive(u32 id, u32 count) {
 // address; nothing waits for them).
 GQADRV_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 GQADRV_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// Bulk prefetch of `bytes` (a multiple of 16, `p` 16-byte aligned) into L2 (sm_90+; non-binding).
-GQADRV_DEVICE void prefetch_l2_bulk(const void* p, u32 bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
 
 #if GQADRV_ARCH >= 90
 GQADRV_DEVICE void mbar_init(u32 bar, u32 count) {

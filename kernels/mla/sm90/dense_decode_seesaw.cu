@@ -73,11 +73,6 @@
 // L2 hints  (cp.async producers, MLA_KV_HINT=1) every K and Q copy carries an L2 cache policy and the
 //           256-byte L2 prefetch (cp_async_16_l2): with MLA_FLAG_KV_REUSE (the sparse prefill, whose
 //           query tokens read the same kv rows) K evict_last and Q evict_first, else evict_normal.
-// Overlap   experiments (balanced builds; not yet run on a GPU, docs/MLA.md): MLA_CARRY_S=1, the consumers walk
-//           one item ahead and issue the next item's first Q K^T (after its q wait) just before this item's
-//           out stores, retiring it before the loop's back edge (no shared store or back edge may fall in its
-//           flight: ptxas would serialise every wgmma, C7518); MLA_Q_PREFETCH=1, the Q loaders prefetch the
-//           next item's Q rows into L2 (cp.async.bulk.prefetch.L2) when they load the current item's Q.
 // Sink      with MLA_FLAG_SINK (the sparse paths, items without splits only; the host decides) out =
 //           O / (L + 2^(sink[head] log2 e - m)) in store_out_rows (decode_util.cuh sink_term), i.e.
 //           FlashMLA's attention-sink factor 1 / (1 + exp(sink - lse)) without a pass over out.
@@ -223,19 +218,12 @@ GQADRV_DEVICE void copy16(u32 dst, const void* src, u32 bytes, u64 pol) {
   cp_async_16(dst, src, bytes);
 #endif
 }
-#ifndef MLA_CARRY_S
-#define MLA_CARRY_S 0  // balanced builds: issue the next item's first Q K^T before this item's epilogue (experiment)
-#endif
 #ifndef MLA_BT_AHEAD
 // cp.async bf16 / fp16 producer of the balanced builds: block-table entries read one pair ahead (0: experiment
 // _bt0); the split-grid builds read them beside their copies (one pair ahead, their producer spilled 20 bytes)
 #define MLA_BT_AHEAD MLA_BALANCED
 #endif
 static_assert(!(MLA_BT_AHEAD && !MLA_BALANCED), "MLA_BT_AHEAD is built on the balanced grid's item walk");
-#ifndef MLA_Q_PREFETCH
-#define MLA_Q_PREFETCH 0  // balanced builds: the producer prefetches the next item's Q rows into L2 (experiment)
-#endif
-static_assert(!((MLA_CARRY_S || MLA_Q_PREFETCH) && !MLA_BALANCED), "MLA_CARRY_S / MLA_Q_PREFETCH need the balanced grid");
 #ifndef MLA_MAXLOG_LAZY
 #define MLA_MAXLOG_LAZY 1  // MLA_FLAG_MAX_LOGITS items without splits: lazy running max, exact max tracked beside
 #endif
@@ -381,17 +369,6 @@ GQADRV_DEVICE void first_qk(float (&s)[32], u32 sb, int wg, u32 ph0) {
     }
   }
 }
-
-#if MLA_Q_PREFETCH
-// The Q rows [row0, row0 + 64) of the walker's next item with pairs (a copy of the walker: the caller's
-// walk is unchanged) into L2, one bulk prefetch per row by threads x < 64 of the caller's loaders.
-GQADRV_DEVICE void prefetch_next_q(const MlaDecodeArgs& a, BalancedWalker peek, int last_row, int kvh, int row0,
-                                   int M, int x) {
-  WorkItem nx;
-  if (x < MLA_BLOCK_M && row0 + x < M && peek.next(a, last_row, nx) && nx.npairs > 0)
-    prefetch_l2_bulk(q_row_ptr(a, nx.req, kvh, row0 + x), (u32)NCB_QK * 128u);
-}
-#endif
 
 // Publish the new running maxima of rows r_lo / r_hi (sM) and their rescale factors (sSc) from lane
 // t == 0 of each quad, once every lane of the warp has read the old sM values.
@@ -626,9 +603,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
       if (pw != 0) {
         if (nq > 0) mbar_wait_wd(q_empty_bar(sb), (u32)(nq - 1) & 1u);  // the previous item's Q is dead
         load_q_rows(a, sb + OFF_Q, w.req, kvh, row0, M, tid - 288);
-#if MLA_Q_PREFETCH
-        prefetch_next_q(a, walker, last_row, kvh, row0, M, tid - 288);
-#endif
         cp_async_wait_all();
         fence_proxy_async_smem();  // Q is read by wgmma only: no consumer-side fence needed
         mbar_arrive(q_bar(sb));
@@ -703,9 +677,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
           }
         }
         cp_async_mbar_arrive_noinc(q_bar(sb));
-#if MLA_Q_PREFETCH
-        prefetch_next_q(a, walker, last_row, kvh, row0, M, tid - 256);
-#endif
       }
 #if MLA_FP8
       const int x = tid - 256;
@@ -801,22 +772,8 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   int n_merge = 0;  // uniform over the consumer threads
   WorkItem w;
   int ni = 0;  // items so far (trace stamps only)
-#if MLA_CARRY_S
-  // The walk runs one item ahead (wn): an item's epilogue starts the next item's first Q K^T (s_ready).
-  float s[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = 0.f;
-  bool s_ready = false;
-  WorkItem wn;
-  bool have_n = next_item(wn, last_row);
-#pragma unroll 1
-  while (have_n) {
-  w = wn;
-  have_n = next_item(wn, last_row);
-#else
 #pragma unroll 1
   while (next_item(w, last_row)) {
-#endif
   const int ti = ni++;
   (void)ti;
   const int len = w.len, npairs = w.npairs, t_beg = w.t_beg, tok_end = w.tok_end;
@@ -830,23 +787,17 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   float l_lo = 0.f, l_hi = 0.f;
   const bool exact = exact_max_item(a, w.nsplit);
   float x_lo = neg_inf(), x_hi = neg_inf();  // exact row maxima of this warpgroup's tiles (max_logits)
-#if !MLA_CARRY_S
   float s[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
-  constexpr bool s_ready = false;
-#endif
 
   if (npairs > 0) {
-    // ---- prologue: S0 = Q K0^T (WG0) / S1 = Q K1^T (WG1) of the first pair (MLA_CARRY_S: usually
-    // issued during the previous item's epilogue)
-    if (!s_ready) {
-      mbar_wait_wd(q_bar(sb), (u32)nq & 1u);
-      MLA_MARK(a, 2 + 3 * ti, ti < 3 && tid == 0);
-      reg_fence(o);
-      reg_fence(s);
-      first_qk(s, sb, wg, (u32)gp & 1u);
-    }
+    // ---- prologue: S0 = Q K0^T (WG0) / S1 = Q K1^T (WG1) of the first pair
+    mbar_wait_wd(q_bar(sb), (u32)nq & 1u);
+    MLA_MARK(a, 2 + 3 * ti, ti < 3 && tid == 0);
+    reg_fence(o);
+    reg_fence(s);
+    first_qk(s, sb, wg, (u32)gp & 1u);
     wgmma_wait<0>();
     reg_fence(s);
     if (npairs == 1) release(q_empty_bar(sb), lane);  // the item's last Q K^T has retired
@@ -1014,22 +965,7 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
     gp += npairs;
     ++nq;
   }
-#if MLA_CARRY_S
-  // The next item's first Q K^T runs on the tensor cores during this item's out stores (items without
-  // splits; global stores only, and retired before the loop's back edge: a shared-memory store or a branch
-  // back while a wgmma is in flight makes ptxas serialise every wgmma of the kernel, C7518). Its K blocks
-  // were released by this item's last pair, its Q after this item's last Q K^T.
-  auto carry_issue = [&]() {
-    s_ready = have_n && wn.npairs > 0;
-    if (s_ready) {
-      mbar_wait_wd(q_bar(sb), (u32)nq & 1u);
-      reg_fence(o);
-      reg_fence(s);
-      first_qk(s, sb, wg, (u32)gp & 1u);
-    }
-  };
-  if (!have_n) pdl_launch_dependents();
-#elif MLA_BALANCED
+#if MLA_BALANCED
   if (!walker.more(a)) pdl_launch_dependents();
 #else
   pdl_launch_dependents();
@@ -1073,16 +1009,9 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   MLA_MARK(a, 14, ti == 0 && tid == 0);
 #endif
   if (w.nsplit == 1) {
-#if MLA_CARRY_S
-    carry_issue();
-#endif
     store_out_rows<DT>(a, o, rp, wg, t, [&](int r) { return out_row_ptr(a, w.req, kvh, row0 + r); },
                        [&](int r) { return lse_ptr(a, w.req, kvh, row0 + r); });
     MLA_MARK(a, 4 + 3 * ti, ti < 3 && tid == 0);
-#if MLA_CARRY_S
-    wgmma_wait<0>();
-    reg_fence(s);
-#endif
     continue;
   }
   // ---- a shared request: this item's partial (written even when empty), then the ticket
@@ -1091,9 +1020,6 @@ extern "C" __global__ void __launch_bounds__(mla::seesaw::THREADS, 1)
   if (last_to_arrive(a, unit, reinterpret_cast<u32*>(smem + OFF_TICKET), w.nsplit, tid,
                      [] { named_bar_sync(BAR_EPI, 256); }))
     note_merge_won(s_merge, n_merge, w, tid);
-#if MLA_CARRY_S
-  s_ready = false;  // (shared items: the next item issues its own first Q K^T)
-#endif
   MLA_MARK(a, 4 + 3 * ti, ti < 3 && tid == 0);
   }  // items
   MLA_MARK(a, 11, tid == 0);
