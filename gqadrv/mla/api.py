@@ -192,8 +192,8 @@ class SparseLaunch:
         for grid, block, smem, values in self.dense_parts:
             launch_packed(self.dense.kernel, grid, block, smem, self.variant.family.signature, s, values, sp.device)
         if self.finish is not None:
-            launch_packed(self.finish.kernel, *_sparse.finish_geometry(sp), _sparse.SIGNATURE, s, (self.fields,),
-                          sp.device)
+            launch_packed(self.finish.kernel, *_sparse.finish_geometry(sp, self.fields["flags"]), _sparse.SIGNATURE, s,
+                          (self.fields,), sp.device)
 
     def plans(self, sp, s: int) -> tuple:
         """The same launches as pre-packed LaunchPlans (prepared objects; PDL on)."""
@@ -204,7 +204,8 @@ class SparseLaunch:
         if self.finish is None:
             return (gather, *dense)
         args = ArgPack(_sparse.SIGNATURE).pack(self.fields)   # its own argument buffer
-        finish = LaunchPlan(self.finish.kernel, *_sparse.finish_geometry(sp), args, stream=s, pdl=True)
+        finish = LaunchPlan(self.finish.kernel, *_sparse.finish_geometry(sp, self.fields["flags"]), args, stream=s,
+                            pdl=True)
         return (gather, *dense, finish)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, ClassVar
 
 from ..ops import contract as _oc
@@ -80,7 +81,13 @@ class SparseVariant(ElementwiseGeometry):
 
     @property
     def defines(self) -> dict:
-        return {"MLA_SPARSE_OP": _OP_CODE[self.family.name]}
+        d = {"MLA_SPARSE_OP": _OP_CODE[self.family.name]}
+        # development only (timing comparisons): GQADRV_SPARSE_GATHER_GROUP=1 builds the gather with one chunk
+        # of 128 positions per load round (the kernel before 2026-12-06), instead of 8
+        group = os.environ.get("GQADRV_SPARSE_GATHER_GROUP")
+        if group and self.family.name == GATHER.name:
+            d["MLA_SPARSE_GATHER_GROUP"] = int(group)
+        return d
 
 
 def variants_for_arch(arch: str) -> list[SparseVariant]:
@@ -418,8 +425,11 @@ def gather_geometry(problem: SparseProblem) -> tuple[tuple, tuple, int]:
     return (problem.rows, 1, 1), (THREADS, 1, 1), 0
 
 
-def finish_geometry(problem: SparseProblem) -> tuple[tuple, tuple, int]:
-    return (-(-problem.rows * problem.h_q // FINISH_WARPS), 1, 1), (THREADS, 1, 1), 0
+def finish_geometry(problem: SparseProblem, flags: int) -> tuple[tuple, tuple, int]:
+    """One (row, head) unit per warp when the finish launch scales out by the sink (FLAG_SINK in
+    ``flags``), else one per thread (the LSE transpose alone)."""
+    per_cta = FINISH_WARPS if flags & FLAG_SINK else THREADS
+    return (-(-problem.rows * problem.h_q // per_cta), 1, 1), (THREADS, 1, 1), 0
 
 
 def kernels(problem: SparseProblem, fold_sink: bool = False) -> tuple[Loaded, Loaded | None]:

@@ -114,7 +114,9 @@ def test_unmergeable_q_is_packed_and_flags_follow_the_features():
     assert f["flags"] == sparse.FLAG_SINK | sparse.FLAG_OUT_BF16 and sparse.needs_finish(one)
     assert (f["extra_slots"], f["extra_base16"], f["extra_page_size"], f["cap"]) == (21, -5, 3, 109)
     assert not sparse.needs_finish(_problem(s_q=1))
-    assert sparse.finish_geometry(sp)[0] == (-(-6 * 16 // 4), 1, 1) and sparse.gather_geometry(sp)[0] == (6, 1, 1)
+    assert sparse.gather_geometry(sp)[0] == (6, 1, 1)
+    assert sparse.finish_geometry(sp, sparse.FLAG_SINK | sparse.FLAG_WRITE_LSE)[0] == (-(-6 * 16 // 4), 1, 1)
+    assert sparse.finish_geometry(sp, sparse.FLAG_WRITE_LSE)[0] == (1, 1, 1)  # one unit per thread: 96 <= 128
     assert one.config()[0] == "sparse" and one.config() != _problem(s_q=1, sink=True).config()
 
 

@@ -26,18 +26,20 @@
 //              cu_q[i] <= r < cu_q[i+1]; its indices are valid in [0, cu_kv[i+1] - cu_kv[i]) and name
 //              main-pool slot cu_kv[i] + x (bounds clamped to the pool: bad device data cannot
 //              address outside it).
-//   Warps      no roles. Per chunk of 128 positions: a ballot per warp, a prefix over the 4 warp
-//              totals in shared memory, one store per valid position.
-//   Smem map   static: 4 warp totals (int).
-//   Barriers   two __syncthreads per chunk (totals written / totals read); griddepcontrol.wait
+//   Warps      no roles. Per group of 8 chunks of 128 positions: the thread's 8 indices loaded
+//              first, a ballot per warp and chunk, a prefix over the chunks' 4 warp totals in shared
+//              memory, one store per valid position.
+//   Smem map   static: 8 x 4 warp totals (int).
+//   Barriers   two __syncthreads per group (totals written / totals read); griddepcontrol.wait
 //              before the first load, launch_dependents after it (the dense kernel waits on the
 //              whole grid with griddepcontrol.wait before reading the lists).
 //   Address    slot x of a pool = page x / page_size, offset x % page_size (any page size):
 //              base16 + page * page_stride16 + offset * row_stride16 (16-byte units, 64-bit).
 //
 // mla_sparse_finish
-//   CTA work   4 warps, one (row r, head h) each: lse_rows[r, h] -> lse[bi, h, si] (FlashMLA's
-//              [b, h_q, s_q] layout) when MLA_SPARSE_WRITE_LSE; with MLA_SPARSE_SINK, out[r, h, :512]
+//   CTA work   without MLA_SPARSE_SINK one (row r, head h) unit per thread: lse_rows[r, h] ->
+//              lse[bi, h, si] (FlashMLA's [b, h_q, s_q] layout; MLA_SPARSE_WRITE_LSE). With it, 4 warps,
+//              one unit each: the same LSE copy (when MLA_SPARSE_WRITE_LSE) and out[r, h, :512]
 //              *= 1 / (1 + exp(sink[h] - lse)): a sink of +inf gives 0, -inf leaves the row unchanged,
 //              a row without keys (lse +inf, out 0) stays 0. The factor is applied in fp32 and rounded
 //              to the output type (bf16 with MLA_SPARSE_OUT_BF16, else fp16) to nearest even.
@@ -107,33 +109,50 @@ struct MlaSparseArgs {
 namespace {
 
 // Append the valid positions [0, n) of one index row to list[len ..); returns the new length. An
-// index x is valid when 0 <= x < slots; it names pool slot first + x. Every thread of the CTA calls
-// it (the barriers are CTA-wide).
+// index x is valid when 0 <= x < slots; it names pool slot first + x (first + x < 2^32: first and x
+// are int32 values). Every thread of the CTA calls it (the barriers are CTA-wide). Positions go in
+// groups of GATHER_GROUP chunks of 128: a thread loads its GATHER_GROUP indices of a group before it
+// votes on any, so a row of topk 2048 costs two dependent global loads instead of sixteen; the list
+// order is the positions' order (chunk by chunk, warp by warp, lane by lane).
+#ifndef MLA_SPARSE_GATHER_GROUP
+#define MLA_SPARSE_GATHER_GROUP 8  // 1: one chunk per round (development comparisons, GQADRV_SPARSE_GATHER_GROUP)
+#endif
+constexpr int GATHER_GROUP = MLA_SPARSE_GATHER_GROUP;
 GQADRV_DEVICE int append_valid(const i32* idx, int n, long long first, long long slots, int page, long long page16,
-                               long long row16, long long base16, i32* list, int len, int* warp_totals) {
+                               long long row16, long long base16, i32* list, int len,
+                               int (*warp_totals)[MLA_SPARSE_WARPS]) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll 1
-  for (int j0 = 0; j0 < n; j0 += MLA_SPARSE_THREADS) {
-    const int j = j0 + tid;
-    const long long x = j < n ? (long long)idx[j] : -1;
-    const bool ok = x >= 0 && x < slots;
-    const unsigned vote = __ballot_sync(0xffffffffu, ok);
-    if (lane == 0) warp_totals[warp] = __popc(vote);
-    __syncthreads();
-    int before = len, total = 0;
+  for (int j0 = 0; j0 < n; j0 += GATHER_GROUP * MLA_SPARSE_THREADS) {
+    int x[GATHER_GROUP];
 #pragma unroll
-    for (int w = 0; w < MLA_SPARSE_WARPS; ++w) {
-      const int c = warp_totals[w];
-      before += w < warp ? c : 0;
-      total += c;
+    for (int u = 0; u < GATHER_GROUP; ++u) {
+      const int j = j0 + u * MLA_SPARSE_THREADS + tid;
+      x[u] = j < n ? idx[j] : -1;
     }
-    if (ok) {
-      const long long pg = (first + x) / page, off = first + x - pg * page;
-      list[before + __popc(vote & below)] = (i32)(base16 + pg * page16 + off * row16);
+    unsigned vote[GATHER_GROUP];
+#pragma unroll
+    for (int u = 0; u < GATHER_GROUP; ++u) {
+      vote[u] = __ballot_sync(0xffffffffu, x[u] >= 0 && (long long)x[u] < slots);
+      if (lane == 0) warp_totals[u][warp] = __popc(vote[u]);
     }
-    len += total;
-    __syncthreads();  // the totals are read before the next chunk overwrites them
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < GATHER_GROUP; ++u) {
+      int before = len;
+#pragma unroll
+      for (int w = 0; w < MLA_SPARSE_WARPS; ++w) {
+        const int c = warp_totals[u][w];
+        before += w < warp ? c : 0;
+        len += c;
+      }
+      if ((vote[u] >> lane) & 1u) {
+        const u32 slot = (u32)(first + x[u]), pg = slot / (u32)page, off = slot - pg * (u32)page;
+        list[before + __popc(vote[u] & below)] = (i32)(base16 + (long long)pg * page16 + (long long)off * row16);
+      }
+    }
+    __syncthreads();  // the totals are read before the next group overwrites them
   }
   return len;
 }
@@ -187,7 +206,7 @@ GQADRV_DEVICE u32 scale_pair(u32 w, float f, bool bf16) {
 
 #if MLA_SPARSE_OP == 0
 extern "C" __global__ void __launch_bounds__(MLA_SPARSE_THREADS) mla_sparse_gather(const MlaSparseArgs a) {
-  __shared__ int warp_totals[MLA_SPARSE_WARPS];
+  __shared__ int warp_totals[GATHER_GROUP][MLA_SPARSE_WARPS];
   pdl_wait();
   pdl_launch_dependents();
   const int r = blockIdx.x;
@@ -219,6 +238,14 @@ extern "C" __global__ void __launch_bounds__(MLA_SPARSE_THREADS) mla_sparse_gath
 extern "C" __global__ void __launch_bounds__(MLA_SPARSE_THREADS) mla_sparse_finish(const MlaSparseArgs a) {
   pdl_wait();
   pdl_launch_dependents();
+  if (!(a.flags & MLA_SPARSE_SINK)) {  // the LSE transpose alone: one unit per thread (finish_geometry)
+    const long long unit = (long long)blockIdx.x * MLA_SPARSE_THREADS + threadIdx.x;
+    if (unit >= (long long)a.rows * a.h_q || !(a.flags & MLA_SPARSE_WRITE_LSE)) return;
+    const int r = (int)(unit / a.h_q), h = (int)(unit - (long long)r * a.h_q);
+    const int bi = r / a.s_q, si = r - bi * a.s_q;
+    a.lse[((long long)bi * a.h_q + h) * a.s_q + si] = a.lse_rows[unit];
+    return;
+  }
   const long long unit = (long long)blockIdx.x * MLA_SPARSE_WARPS + (threadIdx.x >> 5);
   if (unit >= (long long)a.rows * a.h_q) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
