@@ -29,9 +29,12 @@ GQADRV_DEVICE void release(u32 bar, int lane) {
 }
 
 // wgmma_desc_sw128(base + off, lbo, sbo) for a 16-byte aligned base whose shared window lies below
-// 2^18 (every CTA's does): the address field is then base / 16 + off / 16 without masking, so each
-// descriptor is one 32-bit add to a loop-invariant value and the upper word a constant (the default
-// builds mask every block's address and add the k-step in 64 bits).
+// 2^18: the address field is then base / 16 + off / 16 without masking, so each descriptor is one
+// 32-bit add to a loop-invariant value and the upper word a constant (the default builds mask every
+// block's address and add the k-step in 64 bits). True for every launch here (none uses clusters); in a
+// cluster launch a CTA's shared::cta addresses carry its rank from bit 24 up (SASS: 0x400 + (SR_CgaCtaId
+// << 24)), which would land in the LBO field (bits 16..29) and misplace the MN-major V atoms of P V in
+// CTAs of rank > 0: mask the base there (experiment/fp8-crossover, docs/MLA.md "FP8 crossover").
 GQADRV_DEVICE u64 desc_at(u32 base, u32 off, u32 lbo, u32 sbo) {
   const u64 fixed = wgmma_desc_sw128(0, lbo, sbo);  // LBO, SBO, swizzle: a constant
   return (fixed & ~0xFFFFFFFFull) | (u32)((u32)fixed + (base >> 4) + (off >> 4));
