@@ -61,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
   __syncwarp();
+  GQA_TRIGGER_EARLY();
   pdl_wait();
   if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
@@ -116,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   Decoder dec;
   dec.init(lane);
   paged_load_q(dec, args, sc, lane);
-  pdl_launch_dependents();
+  GQA_TRIGGER_LATE();
 
   for (int i = 0; i < count; ++i) {
     const int nxt = fetch(i + STAGES);  // in flight during this step

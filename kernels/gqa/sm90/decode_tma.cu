@@ -82,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   }
   __syncwarp();
   GQA_MARK(args, 0);
+  GQA_TRIGGER_EARLY();
   pdl_wait();
   GQA_MARK(args, 1);
 
@@ -140,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
 
-  pdl_launch_dependents();
+  GQA_TRIGGER_LATE();
 
   for (int i = 0; i < count; ++i) {
     const int slot = i % STAGES;

@@ -39,6 +39,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   GQA_MARK(args, 0);
+  GQA_TRIGGER_EARLY();
   pdl_wait();
   GQA_MARK(args, 1);
   const int b = (int)blockIdx.x / args.hkv, kvh = (int)blockIdx.x - b * args.hkv;  // num_splits == 1
@@ -64,6 +65,6 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
     dec.load_q(s_q + g * D, ROWS == 16 ? s_q + (g + 8) * D : nullptr);
   }
   if (tok0 < args.capacity) dec.step(SwizzledSmemChunks{slot}, tok0, sc.len, args.scale_log2);
-  pdl_launch_dependents();
+  GQA_TRIGGER_LATE();
   cta_finish_and_epilogue<W, false>(dec, args, sc, smem, &s_ticket, warp);  // never split
 }
