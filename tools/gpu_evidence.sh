@@ -30,7 +30,9 @@
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions); prefill_bench (`bench --op
 # mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the sparse prefill's experiment builds: their bit-identity
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
-# Compute on our prefill kernel and FlashMLA's, two rows; run fmla first).
+# Compute on our prefill kernel and FlashMLA's, two rows; run fmla first); early_trigger (the A/B of the
+# GQADRV_EARLY_TRIGGER development switch and the GQA GPU files under it). FlashInfer comes from .whl/*.whl or,
+# where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
 # Default: the GQA steps.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
@@ -40,7 +42,10 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} GQADRV_CACHE_DIR=/tmp/gqc CUDA
        XLA_PYTHON_CLIENT_PREALLOCATE=false
 STEPS=${*:-tests bench trace tune ncu}
 set +f; WHLS=$(ls .whl/*.whl 2>/dev/null | tr '\n' ' '); set -f  # (globbing is off for the shapes)
-if [ -n "$WHLS" ]; then
+if [ -f .fisite.tgz ]; then
+  # the trimmed, unpacked FlashInfer of tools/peer_site_pack.sh (fits the 64 MiB carry; the wheels do not)
+  mkdir -p /tmp/site && tar xzf .fisite.tgz -C /tmp/site && export PYTHONPATH=$PYTHONPATH:/tmp/site
+elif [ -n "$WHLS" ]; then
   # shellcheck disable=SC2086  # one word per wheel
   python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site $WHLS && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
@@ -174,6 +179,23 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
+  early_trigger) # GQADRV_EARLY_TRIGGER=1 (docs/GQA.md "Tuning switches") against the default, in turn: the seed
+                 # shapes with the peers, the paged batch-1 rows and the 64-layer step, two rounds; then the GQA
+                 # GPU files under the switch
+                 for r in 1 2; do
+                   for v in default early; do
+                     if [ $v = early ]; then e=1; else e=; fi
+                     GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --reps 10 --json "$OUT/early_seed_${v}_$r.json" \
+                       > "$OUT/early_seed_${v}_$r.txt" 2>&1
+                     GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --op gqa_paged --no-peers --reps 10 --rows p16,b1,sq1 \
+                       p1,b1 --json "$OUT/early_paged_${v}_$r.json" > "$OUT/early_paged_${v}_$r.txt" 2>&1
+                     GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --op gqa_step --reps 10 \
+                       --json "$OUT/early_step_${v}_$r.json" > "$OUT/early_step_${v}_$r.txt" 2>&1
+                   done
+                 done
+                 GQADRV_EARLY_TRIGGER=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
+                   tests/gqa/test_gqa_gpu.py tests/gqa/test_prepared_gpu.py tests/gqa/test_paged_gpu.py \
+                   > "$OUT/early_tests.txt" 2>&1 ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
   mla_fp8_ncu) NCU=$(find_ncu)
