@@ -31,7 +31,8 @@
 # mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the sparse prefill's experiment builds: their bit-identity
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
 # Compute on our prefill kernel and FlashMLA's, two rows; run fmla first); start_ab (the A/B of the start-up
-# development switches GQADRV_EARLY_TRIGGER and GQADRV_PAGED_SPEC, and the GQA GPU files under each). FlashInfer comes from .whl/*.whl or,
+# development switches GQADRV_EARLY_TRIGGER, GQADRV_SHORT_PREWAIT and GQADRV_PAGED_SPEC, and the GQA GPU files
+# under each). FlashInfer comes from .whl/*.whl or,
 # where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
 # Default: the GQA steps.
 set -u
@@ -181,13 +182,15 @@ for step in $STEPS; do
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
   start_ab) # the two start-up development switches against the default, in turn, two rounds (docs/GQA.md "Tuning
             # switches"): GQADRV_EARLY_TRIGGER=1 on the seed shapes with the peers, the paged batch-1 rows and the
-            # 64-layer step; GQADRV_PAGED_SPEC=2 / 1 on the paged batch-1 and B16 L4K rows; then the GQA GPU files
-            # under each switch
+            # 64-layer step; GQADRV_SHORT_PREWAIT=1 on the seed shapes; GQADRV_PAGED_SPEC=2 / 1 on the paged
+            # batch-1 and B16 L4K rows; then the GQA GPU files under each switch
             for r in 1 2; do
-              for v in default early; do
-                if [ $v = early ]; then e=1; else e=; fi
-                GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --reps 10 --json "$OUT/start_seed_${v}_$r.json" \
-                  > "$OUT/start_seed_${v}_$r.txt" 2>&1
+              for v in default early prewait; do
+                e=; w=
+                case $v in early) e=1 ;; prewait) w=1 ;; esac
+                GQADRV_EARLY_TRIGGER=$e GQADRV_SHORT_PREWAIT=$w python3 -m gqadrv bench --reps 10 \
+                  --json "$OUT/start_seed_${v}_$r.json" > "$OUT/start_seed_${v}_$r.txt" 2>&1
+                [ $v = prewait ] && continue
                 GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --op gqa_step --reps 10 \
                   --json "$OUT/start_step_${v}_$r.json" > "$OUT/start_step_${v}_$r.txt" 2>&1
               done
@@ -202,7 +205,9 @@ for step in $STEPS; do
               tests/gqa/test_gqa_gpu.py tests/gqa/test_prepared_gpu.py tests/gqa/test_paged_gpu.py \
               > "$OUT/start_tests_early.txt" 2>&1
             GQADRV_PAGED_SPEC=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
-              tests/gqa/test_paged_gpu.py tests/gqa/test_paged_fp8_gpu.py > "$OUT/start_tests_spec1.txt" 2>&1 ;;
+              tests/gqa/test_paged_gpu.py tests/gqa/test_paged_fp8_gpu.py > "$OUT/start_tests_spec1.txt" 2>&1
+            GQADRV_SHORT_PREWAIT=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
+              tests/gqa/test_gqa_gpu.py > "$OUT/start_tests_prewait.txt" 2>&1 ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
   mla_fp8_ncu) NCU=$(find_ncu)

@@ -24,8 +24,14 @@
 // Barriers   cp.async.wait_group 0 + __syncthreads before the step (Q is copied by the whole CTA),
 //            __syncthreads before store_state (the slots become the merge area) and before the
 //            merge (cta_finish_and_epilogue, gqa/common/cta.cuh); no mbarriers.
+// Start      GQA_SHORT_PREWAIT (development, not measured yet): the addresses before griddepcontrol.wait, held
+//            there by L2 prefetches of the length, the first K / V rows and q.
 #include "../common/config.cuh"
 #include "../common/cta.cuh"
+
+#ifndef GQA_SHORT_PREWAIT
+#define GQA_SHORT_PREWAIT 0
+#endif
 
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
@@ -39,6 +45,36 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   GQA_MARK(args, 0);
+#if GQA_SHORT_PREWAIT
+  // Development switch GQADRV_SHORT_PREWAIT=1 (not measured yet): the (batch, KV head) and every source
+  // address are computed before griddepcontrol.wait (arithmetic on blockIdx and the arguments only), so
+  // that after it the length load and the copies issue without the address arithmetic in between.
+  const int b = (int)blockIdx.x / args.hkv, kvh = (int)blockIdx.x - b * args.hkv;  // num_splits == 1
+  const u16* q_rows = args.q + ((long long)b * args.hkv + kvh) * args.group * D;
+  const long long plane = (long long)args.capacity * D;
+  const u16* k_plane = args.kv + (((long long)b * 2) * args.hkv + kvh) * plane;
+  const u16* v_plane = args.kv + (((long long)b * 2 + 1) * args.hkv + kvh) * plane;
+  const int tok0 = warp * TOK;
+  u8* slot = smem + (size_t)warp * SLOT_BYTES;
+  const int* len_ptr = args.lengths + b;
+  // L2 prefetches of the length and of the warp's first K / V rows consume the addresses before the wait
+  // (an L2 prefetch reads no stale data: L2 is where the previous grid's writes land), so neither NVVM nor
+  // ptxas moves their arithmetic below it
+  if (lane == 0) {
+    prefetch_l2(len_ptr);
+    prefetch_l2(q_rows);
+    if (tok0 < args.capacity) {  // only rows of the request's planes
+      prefetch_l2(k_plane + (long long)tok0 * D);
+      prefetch_l2(v_plane + (long long)tok0 * D);
+    }
+  }
+  GQA_TRIGGER_EARLY();
+  pdl_wait();
+  GQA_MARK(args, 1);
+  const int raw_len = *len_ptr;
+  stage_q_cp_async<ROWS, D, W * 32>(s_q, q_rows, args.group);
+  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, args.capacity, lane);
+#else
   GQA_TRIGGER_EARLY();
   pdl_wait();
   GQA_MARK(args, 1);
@@ -53,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
                                args.kv + (((long long)b * 2 + 1) * args.hkv + kvh) * plane, tok0, args.capacity,
                                lane);
   }
+#endif
   cp_async_commit();
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
   GQA_MARK(args, 2);
