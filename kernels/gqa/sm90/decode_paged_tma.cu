@@ -75,15 +75,21 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   // as below. Every read lies inside the table row (tokens < capacity = table width x page); entries of
   // tokens >= len are read but never used.
   PagedSchedule sc = paged_unit(args);
-  int spec_begin = -1;
-  {
+  // an L2 prefetch of the length consumes the unit before the wait (L2 holds no stale data), so ptxas does
+  // not move its divisions below it
+  if (lane == 0) prefetch_l2(args.lengths + sc.b);
+#if GQA_PAGED_SPEC == 1
+  int spec_begin = -1;  // the split's first sub-tile at full capacity; -1: no speculation (no table)
+  if (args.table != nullptr) {
     PagedSchedule full = sc;
     paged_bounds(args, TOK, args.capacity, full);
-    if (GQA_PAGED_SPEC == 1 && args.table != nullptr) spec_begin = full.sub_begin;
+    spec_begin = full.sub_begin;
   }
+#endif
   GQA_TRIGGER_EARLY();
   pdl_wait();
   const int raw_len = args.lengths[sc.b];
+#if GQA_PAGED_SPEC == 1
   int spec_pg[STAGES];
   {
     const int bs = args.page_shift < LOG2_TOK ? args.page_shift : LOG2_TOK;
@@ -95,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
                                                                                : -1;
     }
   }
+#endif
   if (warp == 0) paged_prefetch<ROWS, D>(args, lane);
   paged_bounds(args, TOK, raw_len, sc);
 #else
@@ -146,10 +153,10 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   };
 
   int pg[STAGES];
-#if GQA_PAGED_SPEC
+#if GQA_PAGED_SPEC == 1
   if (sc.sub_begin == spec_begin) {  // the speculation holds: fetch()'s values without its loads
 #pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
+    for (int s = 0; s < STAGES; ++s) {  // fetch()'s condition
       const int t = (first + s * W) * TOK + (lane << bshift);
       pg[s] = (s < count && lane < nbox && t < sc.len) ? spec_pg[s] : -1;
     }
