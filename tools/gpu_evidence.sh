@@ -30,9 +30,7 @@
 # by tools/ncu_source_stalls.py to per-role regions and the hottest instructions); prefill_bench (`bench --op
 # mla_sparse_prefill` with FlashMLA: run fmla first); prefill_ab (the sparse prefill's experiment builds: their bit-identity
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
-# Compute on our prefill kernel and FlashMLA's, two rows; run fmla first); start_ab (the A/B of the start-up
-# development switches GQADRV_EARLY_TRIGGER, GQADRV_SHORT_PREWAIT and GQADRV_PAGED_SPEC), start_tests (the GQA GPU
-# files under each of them). FlashInfer comes from .whl/*.whl or,
+# Compute on our prefill kernel and FlashMLA's, two rows; run fmla first). FlashInfer comes from .whl/*.whl or,
 # where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
 # Default: the GQA steps.
 set -u
@@ -180,35 +178,6 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
-  start_ab) # the three start-up development switches against the default, in turn, two rounds (docs/GQA.md "Tuning
-            # switches"): GQADRV_EARLY_TRIGGER=1 on the seed shapes with the peers, the paged batch-1 rows and the
-            # 64-layer step; GQADRV_SHORT_PREWAIT=1 on the seed shapes; GQADRV_PAGED_SPEC=2 / 1 on the paged
-            # batch-1 and B16 L4K rows (~7 min; the GPU files under each switch: start_tests)
-            for r in 1 2; do
-              for v in default early prewait; do
-                e=; w=
-                case $v in early) e=1 ;; prewait) w=1 ;; esac
-                GQADRV_EARLY_TRIGGER=$e GQADRV_SHORT_PREWAIT=$w python3 -m gqadrv bench --reps 10 \
-                  --json "$OUT/start_seed_${v}_$r.json" > "$OUT/start_seed_${v}_$r.txt" 2>&1
-                [ $v = prewait ] && continue
-                GQADRV_EARLY_TRIGGER=$e python3 -m gqadrv bench --op gqa_step --reps 10 \
-                  --json "$OUT/start_step_${v}_$r.json" > "$OUT/start_step_${v}_$r.txt" 2>&1
-              done
-              for v in default early spec2 spec1; do
-                e=; p=
-                case $v in early) e=1 ;; spec2) p=2 ;; spec1) p=1 ;; esac
-                GQADRV_EARLY_TRIGGER=$e GQADRV_PAGED_SPEC=$p python3 -m gqadrv bench --op gqa_paged --no-peers --reps 10 \
-                  --rows p16,b1,sq1 p1,b1 p16,b16,4k,sq1 --json "$OUT/start_paged_${v}_$r.json" > "$OUT/start_paged_${v}_$r.txt" 2>&1
-              done
-            done ;;
-  start_tests) # the GQA GPU files under each start-up development switch (run with start_ab, or in the next call)
-            GQADRV_EARLY_TRIGGER=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
-              tests/gqa/test_gqa_gpu.py tests/gqa/test_prepared_gpu.py tests/gqa/test_paged_gpu.py \
-              > "$OUT/start_tests_early.txt" 2>&1
-            GQADRV_PAGED_SPEC=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
-              tests/gqa/test_paged_gpu.py tests/gqa/test_paged_fp8_gpu.py > "$OUT/start_tests_spec1.txt" 2>&1
-            GQADRV_SHORT_PREWAIT=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
-              tests/gqa/test_gqa_gpu.py > "$OUT/start_tests_prewait.txt" 2>&1 ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
   mla_fp8_ncu) NCU=$(find_ncu)

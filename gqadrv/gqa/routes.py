@@ -100,8 +100,7 @@ BACKEND_FAMILIES = {
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
-              "GQADRV_KV8_T", "GQADRV_EARLY_TRIGGER",
-              "GQADRV_PAGED_SPEC", "GQADRV_SHORT_PREWAIT")
+              "GQADRV_KV8_T")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -212,16 +211,6 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
     if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_T", ""):
         # development only: GQADRV_KV8_T=0 turns the transposed 8-row e4m3 decoder off (warp_t8.cuh)
         sw.append(("GQA_KV8_T", int(os.environ["GQADRV_KV8_T"])))
-    if family == "paged_tma" and os.environ.get("GQADRV_PAGED_SPEC", "") in ("1", "2"):
-        # development only (A/B): the TMA paged kernel's unit before griddepcontrol.wait and the length first
-        # (2), plus the first page ids read while the length is in flight (1) (decode_paged_tma.cu)
-        sw.append(("GQA_PAGED_SPEC", int(os.environ["GQADRV_PAGED_SPEC"])))
-    if family == "short" and os.environ.get("GQADRV_SHORT_PREWAIT", "") == "1":
-        # development only (A/B): the short kernel's addresses before griddepcontrol.wait (decode_short.cu)
-        sw.append(("GQA_SHORT_PREWAIT", 1))
-    if os.environ.get("GQADRV_EARLY_TRIGGER", "") == "1":
-        # development only (A/B): griddepcontrol.launch_dependents at the CTA's start (config.cuh)
-        sw.append(("GQA_EARLY_TRIGGER", 1))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)

@@ -242,3 +242,26 @@ def test_oracle_clamps_and_ignores_padding():
     assert np.all(out[1] == 0) and np.all(out[2] == 0) and np.all(np.isfinite(out))
     kv2 = rng.standard_normal((1, 2, 1, 8, 64))
     np.testing.assert_allclose(gqa_decode_reference(q[:1], kv2, np.array([99])), gqa_decode_reference(q[:1], kv2, np.array([8])))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_110a"])
+def test_short_kernel_start_order(arch, isolated_cache):
+    """The short kernel's start (docs/GQA.md, "Start of the short kernel"): before griddepcontrol.wait it
+    issues L2 prefetches only (the length, q, each warp's first K / V rows: its addresses are computed
+    there) and griddepcontrol.launch_dependents, which comes once, right before the wait; no load, copy or
+    store of global memory precedes the wait (the previous grid may still be writing q, the KV cache or
+    the lengths)."""
+    from gqadrv.runtime.compiler import compile_module
+
+    shorts = [v for v in routes.variants_for_arch(arch) if v.family.name == "short"]
+    assert len(shorts) == 12
+    for v in shorts:
+        m = compile_module(v.family.source, arch, v.defines, cache=isolated_cache)
+        ptx = m.ptx.decode()
+        assert ptx.count("griddepcontrol.wait;") == 1 and ptx.count("griddepcontrol.launch_dependents;") == 1, v.name
+        before = ptx[:ptx.index("griddepcontrol.wait;")]
+        assert "griddepcontrol.launch_dependents;" in before, v.name
+        assert len(re.findall(r"prefetch\.global\.L2", before)) >= 3, v.name
+        memory_ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:ld|st|cp\.async|atom|red)\.[\w.:]*)", before, re.M)
+        assert [op for op in memory_ops if not op.startswith(("ld.param", "ld.shared", "st.shared"))] == [], \
+            (v.name, memory_ops)

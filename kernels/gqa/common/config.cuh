@@ -43,19 +43,3 @@
 #else
 #define GQA_MARK(args, i) GQADRV_TRACE_NOP()
 #endif
-
-// GQA_EARLY_TRIGGER (development switch, GQADRV_EARLY_TRIGGER=1; not measured yet, docs/GQA.md "Tuning
-// switches"): each CTA lets the next grid launch (griddepcontrol.launch_dependents) before its own
-// griddepcontrol.wait instead of after its main loop. The dependent grid still waits for this grid's
-// completion in its own wait; only its launch moves earlier. 0 (default): the builds are unchanged.
-#ifndef GQA_EARLY_TRIGGER
-#define GQA_EARLY_TRIGGER 0
-#endif
-#define GQA_TRIGGER_EARLY() \
-  do {                      \
-    if (GQA_EARLY_TRIGGER) pdl_launch_dependents(); \
-  } while (0)
-#define GQA_TRIGGER_LATE()  \
-  do {                      \
-    if (!GQA_EARLY_TRIGGER) pdl_launch_dependents(); \
-  } while (0)

@@ -10,13 +10,6 @@
 #ifndef GQA_KV8
 #define GQA_KV8 0
 #endif
-// GQA_PAGED_SPEC (development switch, GQADRV_PAGED_SPEC=1 or 2; TMA kernel only, not measured yet): the
-// CTA's unit computed before griddepcontrol.wait and the length requested first after it; with 1 also the
-// first page ids read speculatively while the length is in flight (sm90/decode_paged_tma.cu), so table
-// entries of tokens >= len may then be read (inside the table row), never used.
-#ifndef GQA_PAGED_SPEC
-#define GQA_PAGED_SPEC 0
-#endif
 //
 // Cache addressing: element (page, token in page, KV head, d) of the K (or V) pool is at
 //   k + page * page_stride + token * tok_stride + head * head_stride + d          (elements)
@@ -97,8 +90,7 @@ struct PagedSchedule {
 #define GQA_PAGED_DET_EXIT 0
 #endif
 
-// The CTA's (split, unit, row block, request, KV head) from blockIdx.x (no memory read).
-GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) {
+GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
   PagedSchedule s;
   s.split = (int)blockIdx.x % a.num_splits;
   const int unit = (int)blockIdx.x / a.num_splits;
@@ -107,13 +99,7 @@ GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) {
   const int bh = unit / a.row_blocks;
   s.b = bh / a.hkv;
   s.kvh = bh - s.b * a.hkv;
-  return s;
-}
-
-// The split's sub-tile range [sub_begin, sub_end) for a request of raw length raw_len (clamped to
-// [0, capacity]).
-GQADRV_DEVICE void paged_bounds(const GqaPagedArgs& a, int tok_per_sub, int raw_len, PagedSchedule& s) {
-  s.raw_len = raw_len;
+  s.raw_len = a.lengths[s.b];
   s.len = s.raw_len < 0 ? 0 : (s.raw_len > a.capacity ? a.capacity : s.raw_len);
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
   s.splits_used = a.num_splits;
@@ -129,10 +115,5 @@ GQADRV_DEVICE void paged_bounds(const GqaPagedArgs& a, int tok_per_sub, int raw_
     s.sub_begin = split_point(nsub, s.split, a.num_splits);
     s.sub_end = split_point(nsub, s.split + 1, a.num_splits);
   }
-}
-
-GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
-  PagedSchedule s = paged_unit(a);
-  paged_bounds(a, tok_per_sub, a.lengths[s.b], s);
   return s;
 }

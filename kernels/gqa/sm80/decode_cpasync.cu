@@ -41,7 +41,6 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   GQA_MARK(args, 0);
-  GQA_TRIGGER_EARLY();
   pdl_wait();
   GQA_MARK(args, 1);
   const CtaSchedule sc = make_schedule(args, TOK);
@@ -71,7 +70,7 @@ extern "C" __global__ void GQA_PORTABLE_BOUNDS
     dec.load_q(g < args.group ? qb + g * D : nullptr,
                (ROWS == 16 && g + 8 < args.group) ? qb + (g + 8) * D : nullptr);
   }
-  GQA_TRIGGER_LATE();
+  pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
     cp_async_wait<STAGES - 1>();

@@ -138,7 +138,6 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
   __shared__ u32 s_bad[W];  // per warp: a page id outside [0, num_pages) was met
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
-  GQA_TRIGGER_EARLY();
   pdl_wait();
   if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
@@ -189,7 +188,7 @@ extern "C" __global__ void GQA_PAGED_BOUNDS gqa_decode_paged(const GqaPagedArgs 
   Decoder dec;
   dec.init(lane);
   paged_load_q(dec, args, sc, lane);
-  GQA_TRIGGER_LATE();
+  pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
     const int nxt = fetch(i + STAGES);  // in flight during this step

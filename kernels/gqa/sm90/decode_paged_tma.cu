@@ -26,9 +26,6 @@
 //            after __syncwarp + fence.proxy.async (its readers are its own warp). __syncthreads
 //            before the warp states become the merge area and before the merge; split ticket:
 //            cta_epilogue_rows (gqa/common/cta.cuh).
-// Start      griddepcontrol.wait, the q / table-row prefetches, the length, then the first page ids and
-//            TMA loads. GQA_PAGED_SPEC (development, not measured yet): the CTA's unit before the wait and
-//            the length first after it (2), plus the first page ids read speculatively beside it (1).
 #include "../common/config.cuh"
 #include "../common/paged_cta.cuh"
 
@@ -64,52 +61,9 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
   __syncwarp();
-#if GQA_PAGED_SPEC
-  // Speculative start (development switch GQADRV_PAGED_SPEC=1; =2: the reordering without the speculative
-  // page ids, for attributing a gain). Before griddepcontrol.wait, the CTA's unit
-  // and the split's first sub-tile for a request at full capacity (arithmetic on blockIdx and the
-  // arguments only). After it: the length first, then this warp's first STAGES page ids under that
-  // full-capacity schedule, so both loads are in flight at once, then the prefetches. The page ids are
-  // kept when the real schedule starts the split at the same sub-tile (always for split 0 and in the
-  // batch-invariant mode; for every split when len == capacity), else fetched again after the length
-  // as below. Every read lies inside the table row (tokens < capacity = table width x page); entries of
-  // tokens >= len are read but never used.
-  PagedSchedule sc = paged_unit(args);
-  // an L2 prefetch of the length consumes the unit before the wait (L2 holds no stale data), so ptxas does
-  // not move its divisions below it
-  if (lane == 0) prefetch_l2(args.lengths + sc.b);
-#if GQA_PAGED_SPEC == 1
-  int spec_begin = -1;  // the split's first sub-tile at full capacity; -1: no speculation (no table)
-  if (args.table != nullptr) {
-    PagedSchedule full = sc;
-    paged_bounds(args, TOK, args.capacity, full);
-    spec_begin = full.sub_begin;
-  }
-#endif
-  GQA_TRIGGER_EARLY();
-  pdl_wait();
-  const int raw_len = args.lengths[sc.b];
-#if GQA_PAGED_SPEC == 1
-  int spec_pg[STAGES];
-  {
-    const int bs = args.page_shift < LOG2_TOK ? args.page_shift : LOG2_TOK;
-    const int* srow = args.table + (long long)sc.b * args.table_stride;
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      const int t = (spec_begin + warp + s * W) * TOK + (lane << bs);
-      spec_pg[s] = (spec_begin >= 0 && lane < (TOK >> bs) && t < args.capacity) ? __ldg(srow + (t >> args.page_shift))
-                                                                               : -1;
-    }
-  }
-#endif
-  if (warp == 0) paged_prefetch<ROWS, D>(args, lane);
-  paged_bounds(args, TOK, raw_len, sc);
-#else
-  GQA_TRIGGER_EARLY();
   pdl_wait();
   if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
-#endif
 #if GQA_PAGED_DET_EXIT
   if (paged_idle_split(args, sc)) return;  // a batch-invariant split past the request's tokens
 #endif
@@ -153,21 +107,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   };
 
   int pg[STAGES];
-#if GQA_PAGED_SPEC == 1
-  if (sc.sub_begin == spec_begin) {  // the speculation holds: fetch()'s values without its loads
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {  // fetch()'s condition
-      const int t = (first + s * W) * TOK + (lane << bshift);
-      pg[s] = (s < count && lane < nbox && t < sc.len) ? spec_pg[s] : -1;
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) pg[s] = fetch(s);
-  }
-#else
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) pg[s] = fetch(s);
-#endif
 #pragma unroll
   for (int s = 0; s < STAGES; ++s)
     if (s < count) issue(s, pg[s]);
@@ -175,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   Decoder dec;
   dec.init(lane);
   paged_load_q(dec, args, sc, lane);
-  GQA_TRIGGER_LATE();
+  pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
     const int nxt = fetch(i + STAGES);  // in flight during this step

@@ -82,7 +82,6 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   }
   __syncwarp();
   GQA_MARK(args, 0);
-  GQA_TRIGGER_EARLY();
   pdl_wait();
   GQA_MARK(args, 1);
 
@@ -141,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
 
-  GQA_TRIGGER_LATE();
+  pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
     const int slot = i % STAGES;
