@@ -529,6 +529,15 @@ def cmd_bench(args) -> int:
         plot_results(docs, plot)
         print(f"wrote {plot} from {len(docs)} result file(s)")
         return EXIT_OK
+    if args.op == "gqa":
+        from .gqa.bench import parse_shape
+
+        for opt in ("shapes", "only"):
+            for text in getattr(args, opt, None) or ():
+                try:
+                    parse_shape(text)
+                except ValueError as exc:
+                    raise UsageError(f"--{opt}: {exc}") from None
     _require_gpu()
     from .ops.bench import run
 

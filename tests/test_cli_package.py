@@ -382,3 +382,20 @@ def test_constraints_pin_only_declared_dependencies():
     assert pins and names <= declared, names - declared
     assert {"cuda-bindings", "cuda-core", "cupy-cuda13x", "nvidia-cuda-nvrtc"} <= names
     assert all(re.search(r"(==|<|>)", p) for p in pins), pins
+
+
+@pytest.mark.parametrize("shape", ["1,64,1", "1,64,[1;2]", "x,64", "1", "1,64,[65]", "0,64", "1,64,32,8",
+                                   "16,4096,32,8,128,float32"])
+@pytest.mark.parametrize("opt", ["--only", "--shapes"])
+def test_bench_rejects_a_malformed_shape_before_looking_for_a_gpu(opt, shape):
+    line = one_line_error(run("bench", opt, shape), 2)
+    assert f"{opt}: shape {shape!r}" in line, line
+
+
+def test_bench_shape_parser_accepts_the_documented_forms():
+    from gqadrv.gqa.bench import GEOMETRY_SHAPES, LARGE_SHAPES, SEED_SHAPES, parse_shape
+
+    for text in SEED_SHAPES + LARGE_SHAPES + GEOMETRY_SHAPES:
+        parse_shape(text)
+    s = parse_shape("2,64,[1;64],16,4,256,bfloat16")
+    assert (s.batch, s.capacity, s.lengths, s.hq, s.hkv, s.d, s.dtype) == (2, 64, [1, 64], 16, 4, 256, "bfloat16")

@@ -53,19 +53,33 @@ class Shape:
 
 
 def parse_shape(text: str) -> Shape:
-    """'B,C[,Hq,Hkv,D,dtype]' with C optionally followed by ',[l1;l2;...]' valid lengths."""
+    """'B,C[,Hq,Hkv,D,dtype]' with C optionally followed by ',[l1;l2;...]' valid lengths (one per
+    request). ValueError with the offending text for anything else."""
     parts = [p.strip() for p in text.split(",")]
-    b, c = int(parts[0]), int(parts[1])
-    rest = parts[2:]
-    lengths = [c] * b
-    if rest and rest[0].startswith("["):
-        lengths = [int(x) for x in rest[0].strip("[]").split(";")]
-        rest = rest[1:]
+    form = "expected 'B,C[,[l1;l2;...]][,Hq,Hkv,D[,dtype]]'"
+    try:
+        b, c = int(parts[0]), int(parts[1])
+        rest = parts[2:]
+        lengths = [c] * b
+        if rest and rest[0].startswith("["):
+            lengths = [int(x) for x in rest[0].strip("[]").split(";")]
+            rest = rest[1:]
+        geometry = [int(x) for x in rest[:3]]
+    except (IndexError, ValueError):
+        raise ValueError(f"shape {text!r}: {form}") from None
+    if len(rest) not in (0, 3, 4):
+        raise ValueError(f"shape {text!r}: {form} (a lengths list is written in brackets, e.g. '1,64,[1]')")
+    if b < 1 or c < 1 or any(x < 1 for x in geometry):
+        raise ValueError(f"shape {text!r}: batch, capacity and head counts / head dim must be positive")
     if len(lengths) != b:
         raise ValueError(f"shape {text!r}: {len(lengths)} lengths for batch {b}")
+    if any(not 0 <= n <= c for n in lengths):
+        raise ValueError(f"shape {text!r}: every length must lie in [0, {c}] (the capacity)")
+    if len(rest) > 3 and rest[3] not in ("float16", "bfloat16"):
+        raise ValueError(f"shape {text!r}: dtype {rest[3]!r}, expected float16 or bfloat16")
     s = Shape(b, c, lengths)
     if rest:
-        s.hq, s.hkv, s.d = int(rest[0]), int(rest[1]), int(rest[2])
+        s.hq, s.hkv, s.d = geometry
         if len(rest) > 3:
             s.dtype = rest[3]
     return s
