@@ -32,7 +32,8 @@
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
 # Compute on our prefill kernel and FlashMLA's, two rows; run fmla first). FlashInfer comes from .whl/*.whl or,
 # where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
-# Default: the GQA steps.
+# Default: the GQA steps. short_gate: the short kernel's length-gated copies (GQADRV_SHORT_GATE=1 / 2) A/B.
+# On a device call use OUT=$OUT PACK=1: a call returns at most 8 files, PACK=1 returns one tarball instead.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
 set -f  # shapes such as "1,4096,[3968]" are words, not glob patterns
@@ -178,6 +179,18 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
+  short_gate) # the short kernel's length-gated copies (GQADRV_SHORT_GATE=1 / 2, development) against the default,
+              # three interleaved rounds on short requests of length 1, 33 and 64 and a full B8 row, with
+              # FlashInfer; then the GQA GPU file under each build (~3 min)
+              for r in 1 2 3; do for g in 0 1 2; do
+                GQADRV_SHORT_GATE=$([ $g = 0 ] || echo $g) python3 -m gqadrv bench --reps 10 --no-geometry \
+                  --only "1,64,[1]" "1,64,[33]" "1,64,[64]" "8,64,[64;64;64;64;64;64;64;64]" \
+                  --json "$OUT/short_gate${g}_$r.json" > "$OUT/short_gate${g}_$r.txt" 2>&1
+              done; done
+              for g in 1 2; do
+                GQADRV_SHORT_GATE=$g python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
+                  tests/gqa/test_gqa_gpu.py > "$OUT/short_gate_tests$g.txt" 2>&1
+              done ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
   mla_fp8_ncu) NCU=$(find_ncu)
@@ -215,6 +228,7 @@ for step in $STEPS; do
          done > "$OUT/ncu.txt" 2>&1 ;;
   esac
 done
+grep -h "\[bench\] .*gqadrv hot" "$OUT"/short_gate?_?.txt 2>/dev/null; tail -1 "$OUT"/short_gate_tests?.txt 2>/dev/null
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; grep -E "^\|" "$OUT/mla_routes16.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null
@@ -222,3 +236,8 @@ grep -E "^\||^- " "$OUT/step_bench.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/mla_fp8_bench.txt" 2>/dev/null; head -80 "$OUT/mla_fp8_ncu.txt" 2>/dev/null; head -60 "$OUT/mla_fp8_src.txt" 2>/dev/null
 cat "$OUT/paged_tune.txt" 2>/dev/null; cat "$OUT/paged_sanitize.txt" 2>/dev/null
 tail -4 "$OUT/integrations.txt" 2>/dev/null
+# PACK=1 (for a device call, which returns at most 8 files from $OUT): more than 8 files in $OUT are replaced by
+# one tarball of them, evidence.tgz (this deletes $OUT's other files: use it only on a fresh $OUT)
+if [ "${PACK:-0}" = 1 ] && [ "$(ls "$OUT" | wc -l)" -gt 8 ]; then
+  tar czf /tmp/evidence.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/evidence.tgz "$OUT/evidence.tgz"
+fi

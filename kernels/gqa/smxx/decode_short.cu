@@ -30,8 +30,14 @@
 //            launches while this one still waits (it waits in turn for this grid's completion). After
 //            the wait only the length load and the copies remain. Measured 2026-12-07 (H100, B1 C64):
 //            2.24 us hot against 2.55 with the addresses after the wait and the trigger after the step.
+//            GQA_SHORT_GATE (development, not measured yet): the copies of rows >= len skipped (1: warps >= 1,
+//            2: every warp), waiting for the length first.
 #include "../common/config.cuh"
 #include "../common/cta.cuh"
+
+#ifndef GQA_SHORT_GATE
+#define GQA_SHORT_GATE 0
+#endif
 
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
@@ -71,7 +77,17 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   GQA_MARK(args, 1);
   const int raw_len = *len_ptr;
   stage_q_cp_async<ROWS, D, W * 32>(s_q, q_rows, args.group);
+#if GQA_SHORT_GATE
+  // Development switch GQADRV_SHORT_GATE (A/B, not measured yet): rows >= len zero-filled without reading
+  // memory, so a short request moves only its valid rows from L2; the gated copies wait for the length
+  // (a second round trip). 1: warps >= 1 gated, warp 0 (tokens 0..TOK-1, present in every request of
+  // length >= 1) copies at once; 2: every warp gated.
+  const int gate = min(max(raw_len, 0), args.capacity);
+  const int limit = (GQA_SHORT_GATE == 1 && warp == 0) ? args.capacity : gate;
+  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, limit, lane);
+#else
   copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, args.capacity, lane);
+#endif
   cp_async_commit();
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
   GQA_MARK(args, 2);
