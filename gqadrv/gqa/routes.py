@@ -362,6 +362,16 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
     return Variant(fam, dtype, head_dim, rows, tiling_for(fam.name, head_dim), switches_for(fam.name))
 
 
+def paged_rows(cc_major: int, family: str, head_dim: int, rows: int, kv8: bool) -> int:
+    """MMA rows of the paged build for ``rows`` query rows of one KV head (``rows_for_group``), except on
+    sm_100 / sm_110 (compute capability >= 10), where D 256 fp16 / bf16 caches take the 16-row build for
+    any row count: the 8-row D 256 builds of both paged kernels spill registers there under NVRTC 13.0
+    (4-12 bytes), the 16-row ones do not. Those arches are compile-verified only (docs/TESTING.md)."""
+    if cc_major >= 10 and family in ("paged", "paged_tma") and head_dim == 256 and not kv8:
+        return 16
+    return rows_for_group(rows)
+
+
 def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: int,
                          backend: str | None = None, tma_ok: bool = False, kv8: bool = False) -> Variant:
     """The paged / multi-token / LSE route: ``rows`` = s_q x group query rows of one KV head,
@@ -374,8 +384,8 @@ def select_paged_variant(cc: tuple[int, int], head_dim: int, dtype: str, rows: i
     fam = "paged_tma" if tma_ok and (forced or native) == "hopper" else "paged"
     if kv8 and fam == "paged_tma" and head_dim < E4M3_TMA_MIN_HEAD_DIM:
         fam = "paged"
-    return Variant(FAMILIES[fam], dtype, head_dim, rows_for_group(rows), tiling_for(fam, head_dim, kv8),
-                   switches_for(fam), kv8)
+    return Variant(FAMILIES[fam], dtype, head_dim, paged_rows(cc[0], fam, head_dim, rows, kv8),
+                   tiling_for(fam, head_dim, kv8), switches_for(fam), kv8)
 
 
 def variants_for_arch(arch: str) -> list[Variant]:
@@ -387,7 +397,8 @@ def variants_for_arch(arch: str) -> list[Variant]:
         for dtype in SUPPORTED_DTYPES:
             for d in SUPPORTED_HEAD_DIMS:
                 for rows in (8, 16):
-                    out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d), switches_for(fam.name)))
+                    if paged_rows(int(arch[3:].rstrip("af")) // 10, fam.name, d, rows, False) == rows:
+                        out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d), switches_for(fam.name)))
                     if fam.name in E4M3_FAMILIES and (fam.name == "paged" or d >= E4M3_TMA_MIN_HEAD_DIM):
                         out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d, True), switches_for(fam.name),
                                            True))

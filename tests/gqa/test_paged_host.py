@@ -130,7 +130,18 @@ def test_paged_routes():
     assert routes.select_paged_variant((9, 0), 128, "float16", 4, tma_ok=False).family.name == "paged"
     assert routes.select_paged_variant((9, 0), 128, "float16", 4, "portable", tma_ok=True).family.name == "paged"
     assert routes.select_paged_variant((8, 0), 64, "bfloat16", 32).family.name == "paged"
-    assert routes.select_paged_variant((10, 0), 256, "float16", 8).rows == 8
+    # sm_100 / sm_110: D 256 fp16 / bf16 takes the 16-row build for any row count (the 8-row one spills under
+    # NVRTC 13.0 there); other head dims, e4m3 caches and sm_90 keep 8 rows
+    assert routes.select_paged_variant((10, 0), 256, "float16", 8).rows == 16
+    assert routes.select_paged_variant((11, 0), 256, "bfloat16", 1).rows == 16
+    assert routes.select_paged_variant((10, 0), 128, "float16", 8).rows == 8
+    assert routes.select_paged_variant((10, 0), 256, "float16", 8, kv8=True).rows == 8
+    assert routes.select_paged_variant((9, 0), 256, "float16", 8, tma_ok=True).rows == 8
+    for arch in ("sm_100a", "sm_110a"):
+        listed = {(v.family.name, v.head_dim, v.rows, v.kv8) for v in routes.variants_for_arch(arch)}
+        assert ("paged", 256, 8, False) not in listed and ("paged_tma", 256, 8, False) not in listed
+        assert ("paged", 256, 16, False) in listed and ("paged_tma", 256, 16, False) in listed
+        assert ("paged", 256, 8, True) in listed
     with pytest.raises(RuntimeError, match="compute capability"):
         routes.select_paged_variant((8, 6), 128, "float16", 4, "hopper")
     for arch in ("sm_80", "sm_90a", "sm_100a", "sm_110a"):
