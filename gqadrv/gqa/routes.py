@@ -364,10 +364,10 @@ def select_variant(cc: tuple[int, int], capacity: int, head_dim: int, dtype: str
 
 def paged_rows(cc_major: int, family: str, head_dim: int, rows: int, kv8: bool) -> int:
     """MMA rows of the paged build for ``rows`` query rows of one KV head (``rows_for_group``), except on
-    sm_100 / sm_110 (compute capability >= 10), where D 256 fp16 / bf16 caches take the 16-row build for
+    sm_100 / sm_110 (compute capability 10.x / 11.x), where D 256 fp16 / bf16 caches take the 16-row build for
     any row count: the 8-row D 256 builds of both paged kernels spill registers there under NVRTC 13.0
     (4-12 bytes), the 16-row ones do not. Those arches are compile-verified only (docs/TESTING.md)."""
-    if cc_major >= 10 and family in ("paged", "paged_tma") and head_dim == 256 and not kv8:
+    if cc_major in (10, 11) and family in ("paged", "paged_tma") and head_dim == 256 and not kv8:
         return 16
     return rows_for_group(rows)
 

@@ -137,6 +137,7 @@ def test_paged_routes():
     assert routes.select_paged_variant((10, 0), 128, "float16", 8).rows == 8
     assert routes.select_paged_variant((10, 0), 256, "float16", 8, kv8=True).rows == 8
     assert routes.select_paged_variant((9, 0), 256, "float16", 8, tma_ok=True).rows == 8
+    assert routes.select_paged_variant((12, 0), 256, "float16", 8).rows == 8  # sm_120: the portable arches' rule
     for arch in ("sm_100a", "sm_110a"):
         listed = {(v.family.name, v.head_dim, v.rows, v.kv8) for v in routes.variants_for_arch(arch)}
         assert ("paged", 256, 8, False) not in listed and ("paged_tma", 256, 8, False) not in listed
