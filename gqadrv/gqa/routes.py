@@ -15,6 +15,7 @@ import os
 
 from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
+from ..runtime.compiler import cc_for_arch
 from . import tcgen05 as _tc
 from .args import SIG_PLAIN, SIG_TMA
 from .paged_args import SIG_PAGED, SIG_PAGED_TMA
@@ -397,7 +398,7 @@ def variants_for_arch(arch: str) -> list[Variant]:
         for dtype in SUPPORTED_DTYPES:
             for d in SUPPORTED_HEAD_DIMS:
                 for rows in (8, 16):
-                    if paged_rows(int(arch[3:].rstrip("af")) // 10, fam.name, d, rows, False) == rows:
+                    if paged_rows(cc_for_arch(arch)[0], fam.name, d, rows, False) == rows:
                         out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d), switches_for(fam.name)))
                     if fam.name in E4M3_FAMILIES and (fam.name == "paged" or d >= E4M3_TMA_MIN_HEAD_DIM):
                         out.append(Variant(fam, dtype, d, rows, tiling_for(fam.name, d, True), switches_for(fam.name),

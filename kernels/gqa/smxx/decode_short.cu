@@ -81,15 +81,16 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   // Development switch GQADRV_SHORT_GATE (A/B, not measured yet): rows >= len zero-filled without reading
   // memory, so a short request moves only its valid rows from L2; the gated copies wait for the length
   // (a second round trip). 1: warps >= 1 gated, warp 0 (tokens 0..TOK-1, present in every request of
-  // length >= 1) copies at once; 2: every warp gated.
-  const int gate = min(max(raw_len, 0), args.capacity);
-  const int limit = (GQA_SHORT_GATE == 1 && warp == 0) ? args.capacity : gate;
-  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, limit, lane);
+  // length >= 1) copies at once; 2: every warp gated. The schedule's clamped length is the gate.
+  const CtaSchedule sc = make_schedule(args, TOK, raw_len);
+  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0,
+                             (GQA_SHORT_GATE == 1 && warp == 0) ? args.capacity : sc.len, lane);
+  cp_async_commit();
 #else
   copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, args.capacity, lane);
-#endif
   cp_async_commit();
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
+#endif
   GQA_MARK(args, 2);
   WarpDecoder<DT, D, ROWS, TOK> dec;
   dec.init(lane);
