@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 
 from . import driver as _drv
+from . import tmap_geometry as _geometry
 
 __all__ = ["TensorMapError", "TmaSpec", "address_offset", "encode_tiled", "rebase", "validate_tiled", "ELEMENT_BYTES"]
 
@@ -80,9 +81,16 @@ def validate_tiled(spec: TmaSpec) -> None:
 
 
 def encode_tiled(spec: TmaSpec) -> bytes:
-    """Validate, encode with the driver, and return the 128 descriptor bytes."""
+    """Validate, encode, and return the 128 descriptor bytes: written from a map of the same class
+    where that class's geometry fields are known and checked (``runtime.tmap_geometry``), else
+    encoded by the driver."""
     validate_tiled(spec)
-    return _encode(spec)
+    encode = _encode
+    data = _geometry.patch(spec, encode)
+    if data is None:
+        data = encode(spec)
+        _geometry.note(spec, data, encode)
+    return data
 
 
 _ENUMS: dict = {}  # driver enum members by our names, looked up once (not at every encoding)
