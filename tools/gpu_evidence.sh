@@ -32,7 +32,7 @@
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
 # Compute on our prefill kernel and FlashMLA's, two rows; run fmla first). FlashInfer comes from .whl/*.whl or,
 # where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
-# Default: the GQA steps. short_gate: the short kernel's length-gated copies (GQADRV_SHORT_GATE=1 / 2) A/B.
+# Default: the GQA steps. short_rows: the short route's rows with FlashInfer, three rounds.
 # On a device call use OUT=$OUT PACK=1: a call returns at most 8 files, PACK=1 returns one tarball instead.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
@@ -179,17 +179,12 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
-  short_gate) # the short kernel's length-gated copies (GQADRV_SHORT_GATE=1 / 2, development) against the default,
-              # three interleaved rounds on short requests of length 1, 33 and 64 and a full B8 row, with
-              # FlashInfer; then the GQA GPU file under each build (~3 min)
-              for r in 1 2 3; do for g in 0 1 2; do
-                GQADRV_SHORT_GATE=$([ $g = 0 ] || echo $g) python3 -m gqadrv bench --reps 10 --no-geometry \
+  short_rows) # the short route's rows (B1 C64 at lengths 1, 33, 64 and a full B8 row) with FlashInfer, three
+              # rounds (docs/GQA.md, "Start of the short kernel"; ~1 min)
+              for r in 1 2 3; do
+                python3 -m gqadrv bench --reps 10 --no-geometry \
                   --only "1,64,[1]" "1,64,[33]" "1,64,[64]" "8,64,[64;64;64;64;64;64;64;64]" \
-                  --json "$OUT/short_gate${g}_$r.json" > "$OUT/short_gate${g}_$r.txt" 2>&1
-              done; done
-              for g in 1 2; do
-                GQADRV_SHORT_GATE=$g python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider \
-                  tests/gqa/test_gqa_gpu.py > "$OUT/short_gate_tests$g.txt" 2>&1
+                  --json "$OUT/short_rows_$r.json" > "$OUT/short_rows_$r.txt" 2>&1
               done ;;
   mla_fp8_bench) python3 -m gqadrv bench --op mla_fp8 --reps 10 --json "$OUT/mla_fp8_bench.json" \
                    > "$OUT/mla_fp8_bench.txt" 2>&1 ;;
@@ -228,7 +223,7 @@ for step in $STEPS; do
          done > "$OUT/ncu.txt" 2>&1 ;;
   esac
 done
-grep -h "\[bench\] .*gqadrv hot" "$OUT"/short_gate?_?.txt 2>/dev/null; tail -1 "$OUT"/short_gate_tests?.txt 2>/dev/null
+grep -h "\[bench\] .*gqadrv hot" "$OUT"/short_rows_?.txt 2>/dev/null
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; grep -E "^\|" "$OUT/mla_routes16.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _packed(dims, esize, rng, big=False):
+def _packed(dims, esize, rng):
     strides, s = [], -(-dims[0] * esize // 16) * 16
     for d in dims[1:]:
         s += 16 * rng.randint(0, 4)
@@ -53,29 +53,35 @@ def test_written_maps_equal_the_drivers(name, base):
     _drv.ensure_init()
     g.reset()
     try:
-        rng = random.Random(hash(name) & 0xFFFF)
-        es = ELEMENT_BYTES[base.dtype]
-        tm.encode_tiled(base)
-        d2 = base.dims[:-1] + (base.dims[-1] + 5,)
-        tm.encode_tiled(dataclasses.replace(base, dims=d2))  # the class's second geometry: learned here
-        lay = g._layouts.get((tm._encode, g.class_key(base)))
-        assert lay is not None, f"{name}: this driver's encoding of the class was not learned (no patching)"
-        written = 0
-        for i in range(150):
-            dims = list(base.dims)
-            for k in range(1, len(dims)):
-                dims[k] = rng.choice((1, rng.randint(1, 64), rng.randint(1, 1 << 14)))
-            if i % 5 == 0:
-                dims[-1] = rng.randint(1, 1 << 31)
-            strides = _packed(dims, es, rng)
-            while strides[-1] >= 1 << 36:
-                dims = [dims[0]] + [max(1, d // 4) for d in dims[1:-1]] + [dims[-1]]
-                strides = _packed(dims, es, rng)
-            spec = dataclasses.replace(base, address=rng.randrange(1 << 40, 1 << 49) & ~15, dims=tuple(dims),
-                                       strides=strides)
-            got = tm.encode_tiled(spec)
-            written += g.patch(spec, tm._encode) is not None
-            assert got == tm._encode(spec), f"{name}: map {i} {spec} differs from the driver's"
-        assert written >= 140, f"{name}: only {written} of 150 maps were written from the class layout"
+        with _drv.device_scope(0):
+            _check_class(name, base, tm, g, ELEMENT_BYTES)
     finally:
         g.reset()
+
+
+def _check_class(name, base, tm, g, ELEMENT_BYTES):
+    """Learn ``base``'s class, then 150 maps of random packed geometries: written == the driver's."""
+    rng = random.Random(hash(name) & 0xFFFF)
+    es = ELEMENT_BYTES[base.dtype]
+    tm.encode_tiled(base)
+    d2 = base.dims[:-1] + (base.dims[-1] + 5,)
+    tm.encode_tiled(dataclasses.replace(base, dims=d2))  # the class's second geometry: learned here
+    lay = g._layouts.get((tm._encode, g.class_key(base)))
+    assert lay is not None, f"{name}: this driver's encoding of the class was not learned (no patching)"
+    written = 0
+    for i in range(150):
+        dims = list(base.dims)
+        for k in range(1, len(dims)):
+            dims[k] = rng.choice((1, rng.randint(1, 64), rng.randint(1, 1 << 14)))
+        if i % 5 == 0:
+            dims[-1] = rng.randint(1, 1 << 31)
+        strides = _packed(dims, es, rng)
+        while strides[-1] >= 1 << 36:
+            dims = [dims[0]] + [max(1, d // 4) for d in dims[1:-1]] + [dims[-1]]
+            strides = _packed(dims, es, rng)
+        spec = dataclasses.replace(base, address=rng.randrange(1 << 40, 1 << 49) & ~15, dims=tuple(dims),
+                                   strides=strides)
+        got = tm.encode_tiled(spec)
+        written += g.patch(spec, tm._encode) is not None
+        assert got == tm._encode(spec), f"{name}: map {i} {spec} differs from the driver's"
+    assert written >= 140, f"{name}: only {written} of 150 maps were written from the class layout"

@@ -6,15 +6,17 @@
 //            of the group's query heads over the whole request (one softmax state per warp,
 //            merged by the CTA).
 // Warps      GQA_WARPS warps; warp w owns tokens [w*TOK, (w+1)*TOK) of the request. Right after
-//            griddepcontrol.wait every thread issues its share of the copies, all cp.async (no
-//            register result, so nothing stalls until the single wait): Q into s_q, and its warp's
-//            K and V rows into the warp's slot in the 128B-swizzled layout of the pipelined routes.
-//            Rows are bounded by the capacity C (known on the host), not by the device length, so
-//            the length load and every copy are in flight at once: one memory round trip. Rows >= C
-//            are zero-filled without reading memory; rows >= len are masked by the step (scores
-//            -inf, V rows zeroed). Then one WarpDecoder step from shared memory, the same code as
-//            the pipelined routes. (Loading K, V and Q into registers instead, ptxas issued half of
-//            the V loads only after the Q operand moves and the first QK MMAs: two round trips.)
+//            griddepcontrol.wait every thread loads the length and issues its share of the Q copy; once
+//            the length is in, its warp's K and V rows, all cp.async (no register result, so nothing
+//            stalls until the single wait) into the warp's slot in the 128B-swizzled layout of the
+//            pipelined routes. Rows >= len (the clamped length, <= C) are zero-filled without reading
+//            memory, so a request of length 1 moves one row per plane, and padding (NaN included) never
+//            reaches shared memory; the step masks them too (scores -inf, V rows zeroed). Then one
+//            WarpDecoder step from shared memory, the same code as the pipelined routes. (Loading K, V
+//            and Q into registers instead, ptxas issued half of the V loads only after the Q operand
+//            moves and the first QK MMAs: two round trips. Copies bounded by C instead of len, issued
+//            with the length load in one round trip, were slower on the H200 at every length, 2026-12-07:
+//            docs/GQA.md.)
 // Tiles      one sub-tile of TOK tokens per warp (GQA_TOK, 16 by default: W*TOK >= C); mma.sync
 //            m16n8k16 with ROWS = 8 or 16 query rows (WarpDecoder, gqa/common/warp.cuh).
 // Smem map   [0, W*SLOT) the warps' slots (SLOT = K then V, D/64 boxes of TOK rows x 128 B,
@@ -30,14 +32,8 @@
 //            launches while this one still waits (it waits in turn for this grid's completion). After
 //            the wait only the length load and the copies remain. Measured 2026-12-07 (H100, B1 C64):
 //            2.24 us hot against 2.55 with the addresses after the wait and the trigger after the step.
-//            GQA_SHORT_GATE (development, not measured yet): the copies of rows >= len skipped (1: warps >= 1,
-//            2: every warp), waiting for the length first.
 #include "../common/config.cuh"
 #include "../common/cta.cuh"
-
-#ifndef GQA_SHORT_GATE
-#define GQA_SHORT_GATE 0
-#endif
 
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
@@ -77,20 +73,11 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
   GQA_MARK(args, 1);
   const int raw_len = *len_ptr;
   stage_q_cp_async<ROWS, D, W * 32>(s_q, q_rows, args.group);
-#if GQA_SHORT_GATE
-  // Development switch GQADRV_SHORT_GATE (A/B, not measured yet): rows >= len zero-filled without reading
-  // memory, so a short request moves only its valid rows from L2; the gated copies wait for the length
-  // (a second round trip). 1: warps >= 1 gated, warp 0 (tokens 0..TOK-1, present in every request of
-  // length >= 1) copies at once; 2: every warp gated. The schedule's clamped length is the gate.
+  // K / V rows >= len are zero-filled without reading memory (copy_tile_cp_async's bound), so a short request
+  // moves only its valid rows; the copies wait for the length (the schedule's clamped length is the bound)
   const CtaSchedule sc = make_schedule(args, TOK, raw_len);
-  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0,
-                             (GQA_SHORT_GATE == 1 && warp == 0) ? args.capacity : sc.len, lane);
+  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, sc.len, lane);
   cp_async_commit();
-#else
-  copy_tile_cp_async<TOK, D>(smem_u32(slot), k_plane, v_plane, tok0, args.capacity, lane);
-  cp_async_commit();
-  const CtaSchedule sc = make_schedule(args, TOK, raw_len);
-#endif
   GQA_MARK(args, 2);
   WarpDecoder<DT, D, ROWS, TOK> dec;
   dec.init(lane);
