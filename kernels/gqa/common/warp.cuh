@@ -518,6 +518,28 @@ struct WarpDecoder {
     }
   }
 
+  // Normalise this warp's state and write it as output rows (row r of the group at out + r * D, rows
+  // < group; a row without keys, l == 0, gives zeros): for a CTA whose keys all fell in this warp, where
+  // the CTA merge would multiply by exp2(0) = 1 and give the same values. fp16 / bf16 caches only.
+  GQADRV_DEVICE void store_output(u16* __restrict__ out, int group) const {
+    static_assert(!KV8, "store_output: fp16 / bf16 caches only");
+    const int t = lane & 3, g = lane >> 2;
+    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
+    if (g < group) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+        *reinterpret_cast<u32*>(out + g * D + o_dim(j, 2 * t)) = pack2<DT>(o[j][0] * inv_lo, o[j][1] * inv_lo);
+    }
+    if constexpr (R16) {
+      const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+      if (g + 8 < group) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+          *reinterpret_cast<u32*>(out + (g + 8) * D + o_dim(j, 2 * t)) = pack2<DT>(o[j][2] * inv_hi, o[j][3] * inv_hi);
+      }
+    }
+  }
+
   // Write this warp's state (rows < group) into the CTA merge area (MergeArea,
   // kernels/common/softmax_state.cuh): ml[row] = {m, l}, o[row * StateLayout<D>::STRIDE + d].
   GQADRV_DEVICE void store_state(float* __restrict__ ml, float* __restrict__ os, int group) const {

@@ -35,6 +35,10 @@
 #include "../common/config.cuh"
 #include "../common/cta.cuh"
 
+#ifndef GQA_SHORT_SOLO
+#define GQA_SHORT_SOLO 0  // development A/B (GQADRV_SHORT_SOLO=1): requests of <= TOK keys skip the CTA merge
+#endif
+
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
@@ -87,6 +91,20 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
     const int g = lane >> 2;
     dec.load_q(s_q + g * D, ROWS == 16 ? s_q + (g + 8) * D : nullptr);
   }
+#if GQA_SHORT_SOLO
+  if (sc.len <= TOK) {  // CTA-uniform: every key is warp 0's, so no merge: warp 0 writes the output
+    if (warp == 0) {
+      dec.step(SwizzledSmemChunks{slot}, 0, sc.len, args.scale_log2);
+      dec.finish();
+      dec.store_output(args.out + ((long long)b * args.hkv + kvh) * args.group * D, args.group);
+#if !GQA_TRACE
+      if (args.status != nullptr && kvh == 0 && lane == 0)  // as cta_epilogue does
+        args.status[b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > args.capacity ? 2u : 0u);
+#endif
+    }
+    return;
+  }
+#endif
   if (tok0 < args.capacity) dec.step(SwizzledSmemChunks{slot}, tok0, sc.len, args.scale_log2);
   cta_finish_and_epilogue<W, false>(dec, args, sc, smem, &s_ticket, warp);  // never split
 }
