@@ -18,7 +18,9 @@ geometries. A class whose encodings do not behave like that (any other byte movi
 driver refuses, two candidate places) is never patched. A patch writes only values no wider (in
 bits) than the widest each field was checked with; anything else is encoded by the driver. Learning costs 3 * rank + 3 encodings, once per class,
 at the second geometry of the class a process encodes (a class seen with one geometry costs
-nothing extra). ``GQADRV_TMAP_PATCH=0`` turns patching off (every map encoded by the driver).
+nothing extra). A process whose GPUs are not all of one compute capability never patches (a layout
+is learned in whichever context is current). ``GQADRV_TMAP_PATCH=0`` turns patching off (every map
+encoded by the driver).
 """
 
 from __future__ import annotations
@@ -119,8 +121,21 @@ def note(spec, data: bytes, encode: Callable) -> None:
             return
         if first[0].dims == spec.dims and first[0].strides == spec.strides:
             return  # another address of the same geometry: nothing to learn from
-        _layouts[key] = learn(first[0], first[1], encode)
+        _layouts[key] = learn(first[0], first[1], encode) if _one_arch() else None
         del _bases[key]
+
+
+def _one_arch() -> bool:
+    """Whether every GPU of the process has the same compute capability: the class layouts are
+    learned in whichever context is current, so a process with GPUs of two architectures (whose
+    encodings might differ) encodes every map."""
+    from . import driver as _drv
+
+    try:
+        n = _drv.device_count()
+        return n <= 1 or len({_drv.device_info(i).cc for i in range(n)}) == 1
+    except Exception:  # noqa: BLE001 - no answer: no patching
+        return False
 
 
 # ----------------------------------------------------------------------------- learning

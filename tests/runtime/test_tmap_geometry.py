@@ -210,3 +210,23 @@ def test_field_search_needs_one_place():
     c = bytearray(b)
     c[90] = 1
     assert g._field(a, bytes(c), 0, 5, 4) is None                 # another byte moved too
+
+
+def test_gpus_of_two_architectures_are_never_patched(driver, monkeypatch):
+    from gqadrv.runtime import driver as _drv
+
+    class Info:
+        def __init__(self, cc):
+            self.cc = cc
+
+    calls = driver(enc_plain)
+    monkeypatch.setattr(_drv, "device_count", lambda: 2)
+    monkeypatch.setattr(_drv, "device_info", lambda i: Info((9, 0) if i == 0 else (10, 0)))
+    tm.encode_tiled(BASE)
+    tm.encode_tiled(second(BASE))
+    assert list(g._layouts.values()) == [None] and len(calls) == 2  # no probes either
+    monkeypatch.setattr(_drv, "device_info", lambda i: Info((9, 0)))
+    g.reset()
+    tm.encode_tiled(BASE)
+    tm.encode_tiled(second(BASE))
+    assert list(g._layouts.values())[0] is not None
