@@ -81,9 +81,9 @@ def validate_tiled(spec: TmaSpec) -> None:
 
 
 def encode_tiled(spec: TmaSpec) -> bytes:
-    """Validate, encode, and return the 128 descriptor bytes: written from a map of the same class
-    where that class's geometry fields are known and checked (``runtime.tmap_geometry``), else
-    encoded by the driver."""
+    """Validate, encode, and return the 128 descriptor bytes: with GQADRV_TMAP_PATCH=1 (opt-in)
+    written from a map of the same class where that class's geometry fields are known and checked
+    (``runtime.tmap_geometry``), else encoded by the driver."""
     validate_tiled(spec)
     encode = _encode
     data = _geometry.patch(spec, encode)

@@ -19,8 +19,14 @@ driver refuses, two candidate places) is never patched. A patch writes only valu
 bits) than the widest each field was checked with; anything else is encoded by the driver. Learning costs 3 * rank + 3 encodings, once per class,
 at the second geometry of the class a process encodes (a class seen with one geometry costs
 nothing extra). A process whose GPUs are not all of one compute capability never patches (a layout
-is learned in whichever context is current). ``GQADRV_TMAP_PATCH=0`` turns patching off (every map
-encoded by the driver).
+is learned in whichever context is current).
+
+Opt-in for now: ``GQADRV_TMAP_PATCH=1`` turns it on; unset or ``0``, every map is encoded by the driver.
+It stays off by default until ``tests/runtime/test_tmap_geometry_gpu.py`` (the learned layouts against
+the real driver on every map class gqadrv encodes) has passed on the GPU: its only run so far (H200,
+2026-12-07) failed before learning anything, because that version of the test encoded without a current
+context; the GQA GPU files that ran in the same call with patching on by default (layout families and
+plans included) passed, which does not show that any map was written rather than encoded.
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ class ClassLayout:
 
 
 def enabled() -> bool:
-    return os.environ.get("GQADRV_TMAP_PATCH", "1") != "0"
+    """GQADRV_TMAP_PATCH=1 (opt-in; see the module docstring)."""
+    return os.environ.get("GQADRV_TMAP_PATCH", "0") == "1"
 
 
 _ENABLED = enabled()

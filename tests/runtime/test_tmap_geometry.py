@@ -1,7 +1,7 @@
 """Tensor maps written from a learned class layout (runtime.tmap_geometry) without a GPU: fake
 driver encoders with plain fields are learned and patched byte for byte; encoders with any other
 behaviour (derived bytes, truncated fields, high stride bits elsewhere, refused probes, hashed
-bodies) are never patched; the switch and the one-geometry case cost no probes."""
+bodies) are never patched; off unless GQADRV_TMAP_PATCH=1; the one-geometry case costs no probes."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def driver(monkeypatch):
             return fn(spec)
 
         monkeypatch.setattr(tm, "_encode", counted)
-        monkeypatch.delenv("GQADRV_TMAP_PATCH", raising=False)
+        monkeypatch.setenv("GQADRV_TMAP_PATCH", "1")
         g.reset()
         calls.clear()
         return calls
@@ -176,9 +176,13 @@ def test_a_base_with_strides_past_the_fields_is_replaced(driver):
     assert tm.encode_tiled(spec) == enc_plain(spec) and len(calls) == n
 
 
-def test_the_switch_turns_patching_off(driver, monkeypatch):
+@pytest.mark.parametrize("value", ["0", None], ids=["0", "unset"])
+def test_patching_is_off_unless_switched_on(driver, monkeypatch, value):
     calls = driver(enc_plain)
-    monkeypatch.setenv("GQADRV_TMAP_PATCH", "0")
+    if value is None:
+        monkeypatch.delenv("GQADRV_TMAP_PATCH", raising=False)
+    else:
+        monkeypatch.setenv("GQADRV_TMAP_PATCH", value)
     g.reset()
     tm.encode_tiled(BASE)
     tm.encode_tiled(second(BASE))
