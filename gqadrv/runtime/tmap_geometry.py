@@ -49,21 +49,24 @@ class ClassLayout:
     ``d - 1`` and of each stride's ``s >> 4`` (u32), the widest value (bits) each field was checked
     with, and a base encoding to copy."""
 
-    __slots__ = ("addr", "base", "dim_bits", "dims", "stride_bits", "strides")
+    __slots__ = ("addr", "base", "dim_bits", "dim_top", "dims", "stride_bits", "stride_top", "strides")
 
     def __init__(self, base: bytes, addr: int, dims: tuple[int, ...], strides: tuple[int, ...],
                  dim_bits: tuple[int, ...], stride_bits: tuple[int, ...]):
         self.base, self.addr, self.dims, self.strides = base, addr, dims, strides
         self.dim_bits, self.stride_bits = dim_bits, stride_bits
+        # the largest value each field takes: (d - 1) and (s >> 4) no wider than checked, strides < 2^36
+        self.dim_top = tuple(1 << w for w in dim_bits)
+        self.stride_top = tuple(min(((1 << w) << 4) - 1, _STRIDE_LIMIT - 1) for w in stride_bits)
 
     def write(self, address: int, dims: tuple[int, ...], strides: tuple[int, ...]) -> bytes | None:
         """The map of this class for ``address`` / ``dims`` / ``strides`` (already validated by
         ``tensormap.validate_tiled``), or None when a value is wider than its field was checked with."""
-        for d, w in zip(dims, self.dim_bits):
-            if (d - 1).bit_length() > w:
+        for d, top in zip(dims, self.dim_top):
+            if d > top:
                 return None
-        for s, w in zip(strides, self.stride_bits):
-            if s >= _STRIDE_LIMIT or (s >> 4).bit_length() > w:
+        for s, top in zip(strides, self.stride_top):
+            if s > top:
                 return None
         buf = bytearray(self.base)
         _pack_q(buf, self.addr, address)
@@ -95,9 +98,9 @@ def reset() -> None:
 
 
 def class_key(spec) -> tuple:
-    rank = len(spec.dims)
-    return (spec.dtype, rank, tuple(spec.box), tuple(spec.element_strides or (1,) * rank), spec.swizzle,
-            spec.l2_promotion, bool(spec.oob_nan))
+    """What fixes a map's class: dtype, box (its length is the rank), element strides, swizzle, L2
+    promotion and OOB fill (specs are frozen, their sequences tuples)."""
+    return (spec.dtype, spec.box, spec.element_strides, spec.swizzle, spec.l2_promotion, spec.oob_nan)
 
 
 def patch(spec, encode: Callable) -> bytes | None:
