@@ -32,6 +32,7 @@ plans included) passed, which does not show that any map was written rather than
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import struct
@@ -210,15 +211,14 @@ def _packed(dims: list[int], esize: int, rng: random.Random, pad: bool) -> tuple
 
 
 def _address(rng: random.Random) -> int:
-    return rng.randrange(1 << 40, 1 << 56) & ~15
+    """A 16-byte aligned address in the range device pointers take (below 2^47)."""
+    return rng.randrange(1 << 32, 1 << 47) & ~15
 
 
 def learn(spec, data: bytes, encode: Callable) -> ClassLayout | None:
     """The layout of ``spec``'s class learned from its encoding ``data`` and the driver (``encode``),
     or None when the class cannot be patched safely (see the module docstring)."""
-    import dataclasses
-
-    from .tensormap import ELEMENT_BYTES
+    from .tensormap import ELEMENT_BYTES  # (tensormap imports this module)
 
     if len(data) != 128 or any(s >= _STRIDE_LIMIT for s in spec.strides):
         return None

@@ -81,7 +81,7 @@ def _check_class(name, base, tm, g, ELEMENT_BYTES):
         while strides[-1] >= 1 << 36:
             dims = [dims[0]] + [max(1, d // 4) for d in dims[1:-1]] + [dims[-1]]
             strides = _packed(dims, es, rng)
-        spec = dataclasses.replace(base, address=rng.randrange(1 << 40, 1 << 49) & ~15, dims=tuple(dims),
+        spec = dataclasses.replace(base, address=rng.randrange(1 << 32, 1 << 47) & ~15, dims=tuple(dims),
                                    strides=strides)
         got = tm.encode_tiled(spec)
         written += g.patch(spec, tm._encode) is not None
