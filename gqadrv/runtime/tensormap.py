@@ -169,9 +169,11 @@ _offset_state: list = []   # [] = not probed yet; [None] = no patchable field; [
 
 def _probe_offset() -> int | None:
     try:
-        maps = [encode_tiled(TmaSpec(dtype="float16", address=a, dims=(64, 256, 8, 2),
-                                     strides=(128, 256 * 128, 8 * 256 * 128), box=(64, 32, 1, 1), swizzle="128b"))
-                for a in _PROBE_ADDRESSES]
+        specs = [TmaSpec(dtype="float16", address=a, dims=(64, 256, 8, 2), strides=(128, 256 * 128, 8 * 256 * 128),
+                         box=(64, 32, 1, 1), swizzle="128b") for a in _PROBE_ADDRESSES]
+        for spec in specs:
+            validate_tiled(spec)
+        maps = [_encode(spec) for spec in specs]  # driver queries, not maps in use: tmap_geometry does not note them
     except Exception:  # noqa: BLE001 - no driver, or an encoder that refuses: no patching
         return None
     if any(len(m) != 128 for m in maps):

@@ -11,13 +11,14 @@ values is a plain field of the 128 bytes: the address a little-endian u64, each 
 ``d - 1`` in a u32, each stride ``s`` as ``s >> 4`` in a u32 (strides below 2^36 bytes).
 
 Nothing here is assumed: per map *class* (dtype, rank, box, element strides, swizzle, L2 promotion,
-OOB fill) and process, ``learn`` asks the driver for encodings that change one value of a base map
+OOB fill) and process, ``learn`` takes the address field from ``tensormap.address_offset`` (the
+field ``rebase`` patches), asks the driver for encodings that change one dim or stride of a base map
 at a time and finds the one field each change lands in (the only bytes that differ, holding the old
 and the new value); then it checks the learned places against the driver on encodings that change
 every value at once: each dim and each stride at large values in turn, every dim at 1, and random
 geometries. A class whose encodings do not behave like that (any other byte moving, a probe the
 driver refuses, two candidate places) is never patched. A patch writes only values no wider (in
-bits) than the widest each field was checked with; anything else is encoded by the driver. Learning costs 3 * rank + 3 encodings, once per class,
+bits) than the widest each field was checked with; anything else is encoded by the driver. Learning costs 3 * rank + 2 encodings, once per class,
 at the second geometry of the class a process encodes (a class seen with one geometry costs
 nothing extra). A process whose GPUs are not all of one compute capability never patches (a layout
 is learned in whichever context is current).
@@ -218,7 +219,7 @@ def _address(rng: random.Random) -> int:
 def learn(spec, data: bytes, encode: Callable) -> ClassLayout | None:
     """The layout of ``spec``'s class learned from its encoding ``data`` and the driver (``encode``),
     or None when the class cannot be patched safely (see the module docstring)."""
-    from .tensormap import ELEMENT_BYTES  # (tensormap imports this module)
+    from .tensormap import ELEMENT_BYTES, address_offset  # (tensormap imports this module)
 
     if len(data) != 128 or any(s >= _STRIDE_LIMIT for s in spec.strides):
         return None
@@ -229,8 +230,7 @@ def learn(spec, data: bytes, encode: Callable) -> ClassLayout | None:
                 raise ValueError("a tensor map of other than 128 bytes")
             return m
 
-        a2 = spec.address ^ 0x0000_5A5A_5A5A_5A50
-        addr = _field(data, enc(address=a2), spec.address, a2, 8)
+        addr = address_offset(data, spec.address)  # the address field tensormap.rebase patches
         if addr is None:
             return None
         dims = []

@@ -13,15 +13,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _packed(dims, esize, rng):
-    strides, s = [], -(-dims[0] * esize // 16) * 16
-    for d in dims[1:]:
-        s += 16 * rng.randint(0, 4)
-        strides.append(s)
-        s = -(-s * d // 16) * 16
-    return tuple(strides)
-
-
 def _classes():
     from gqadrv.runtime.tensormap import TmaSpec
 
@@ -77,10 +68,10 @@ def _check_class(name, base, tm, g, ELEMENT_BYTES):
             dims[k] = rng.choice((1, rng.randint(1, 64), rng.randint(1, 1 << 14)))
         if i % 5 == 0:
             dims[-1] = rng.randint(1, 1 << 31)
-        strides = _packed(dims, es, rng)
+        strides = g._packed(dims, es, rng, pad=True)
         while strides[-1] >= 1 << 36:
             dims = [dims[0]] + [max(1, d // 4) for d in dims[1:-1]] + [dims[-1]]
-            strides = _packed(dims, es, rng)
+            strides = g._packed(dims, es, rng, pad=True)
         spec = dataclasses.replace(base, address=rng.randrange(1 << 32, 1 << 47) & ~15, dims=tuple(dims),
                                    strides=strides)
         got = tm.encode_tiled(spec)

@@ -217,15 +217,21 @@ GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_
   GQA_MARK_T(tg, 8);
 }
 
-// cta_epilogue_rows for the GqaArgs kernels (one query token, rows = the group's heads, no LSE):
-// also writes the request's status word (after every input load was issued, so no store precedes
-// the loads).
-template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
-GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+// The request's status word of a GqaArgs launch (empty 1, clamped 2, else 0), written by thread 0 of
+// the request's first CTA (KV head 0, split 0) after every input load was issued, so no store
+// precedes the loads. GQA_TRACE builds use the status buffer for the trace: nothing is written.
+GQADRV_DEVICE void write_request_status(const GqaArgs& a, const CtaSchedule& sc) {
 #if !GQA_TRACE
   if (a.status != nullptr && sc.kvh == 0 && sc.split == 0 && threadIdx.x == 0)
     a.status[sc.b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
 #endif
+}
+
+// cta_epilogue_rows for the GqaArgs kernels (one query token, rows = the group's heads, no LSE):
+// also writes the request's status word (write_request_status).
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
+GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+  write_request_status(a, sc);
   EpilogueTarget tg;
   tg.out = a.out;
   tg.lse = nullptr;

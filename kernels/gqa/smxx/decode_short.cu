@@ -97,10 +97,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1) gqa_decode_short(const G
       dec.step(SwizzledSmemChunks{slot}, 0, sc.len, args.scale_log2);
       dec.finish();
       dec.store_output(args.out + ((long long)b * args.hkv + kvh) * args.group * D, args.group);
-#if !GQA_TRACE
-      if (args.status != nullptr && kvh == 0 && lane == 0)  // as cta_epilogue does
-        args.status[b] = sc.raw_len <= 0 ? 1u : (sc.raw_len > args.capacity ? 2u : 0u);
-#endif
+      write_request_status(args, sc);  // (thread 0 is warp 0's lane 0)
     }
     return;
   }
