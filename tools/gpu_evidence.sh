@@ -32,8 +32,8 @@
 # test, then the prefill rows beside the default build, 3 rounds, GQADRV_MLA_EXPERIMENTS=1); prefill_ncu (Nsight
 # Compute on our prefill kernel and FlashMLA's, two rows; run fmla first). FlashInfer comes from .whl/*.whl or,
 # where the wheels do not fit the carry, from .fisite.tgz (tools/peer_site_pack.sh).
-# Default: the GQA steps. short_rows: the short route's rows with FlashInfer, three rounds; short_solo: the
-# GQADRV_SHORT_SOLO A/B and its GPU file; tmap: GQADRV_TMAP_PATCH's GPU test, layout-plan files and host cost off / on.
+# Default: the GQA steps. short_rows: the short route's rows with FlashInfer, three rounds; tmap: the tensor-map
+# writer's GPU test (written maps against the driver's), layout-plan files and host cost with GQADRV_TMAP_PATCH off / on.
 # On a device call use OUT=$OUT PACK=1: a call returns at most 8 files, PACK=1 returns one tarball instead.
 set -u
 find_ncu() { command -v ncu || (set +f; ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); }
@@ -180,20 +180,11 @@ for step in $STEPS; do
                     echo "$t rc $?"; grep -E "FAIL|SUMMARY" "$OUT/paged_$t.log"
                   done > "$OUT/paged_sanitize.txt" 2>&1 ;;
   paged_tune) python3 tools/paged_tune.py > "$OUT/paged_tune.txt" 2>&1 ;;
-  short_solo) # GQADRV_SHORT_SOLO=1 (requests of <= 16 keys skip the short kernel's CTA merge, development) against
-              # the default, three interleaved rounds with FlashInfer, then the GQA GPU file under the switch (~2 min)
-              for r in 1 2 3; do for s in 0 1; do
-                GQADRV_SHORT_SOLO=$([ $s = 0 ] || echo 1) python3 -m gqadrv bench --reps 10 --no-geometry \
-                  --only "1,64,[1]" "1,64,[16]" "1,64,[33]" "4,64,[1;5;16;9]" "8,64,[64;64;64;64;64;64;64;64]" \
-                  --json "$OUT/short_solo${s}_$r.json" > "$OUT/short_solo${s}_$r.txt" 2>&1
-              done; done
-              GQADRV_SHORT_SOLO=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/gqa/test_gqa_gpu.py \
-                > "$OUT/short_solo_tests.txt" 2>&1 ;;
-  tmap) # tensor maps written from learned class layouts (GQADRV_TMAP_PATCH=1, opt-in): the GPU test against the
-        # driver, the layout-plan GPU files with patching on, and the host cost per framework off / on / off / on
+  tmap) # tensor maps written from learned class layouts (the default; GQADRV_TMAP_PATCH=0 turns it off): the GPU
+        # test against the driver, the layout-plan GPU files, and the host cost per framework off / on / off / on
         python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/runtime/test_tmap_geometry_gpu.py \
           > "$OUT/tmap_tests.txt" 2>&1
-        GQADRV_TMAP_PATCH=1 python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/gqa/test_layout_family_gpu.py \
+        python3 -m pytest -q -m gpu --timeout=150 -p no:cacheprovider tests/gqa/test_layout_family_gpu.py \
           tests/gqa/test_layout_cache_gpu.py tests/gqa/test_paged_layout_cache_gpu.py tests/mla/test_mla_layout_cache_gpu.py \
           >> "$OUT/tmap_tests.txt" 2>&1
         for r in 1 2; do for p in 0 1; do
@@ -244,8 +235,8 @@ for step in $STEPS; do
          done > "$OUT/ncu.txt" 2>&1 ;;
   esac
 done
-grep -h "\[bench\] .*gqadrv hot" "$OUT"/short_rows_?.txt "$OUT"/short_solo?_?.txt 2>/dev/null
-tail -1 "$OUT/short_solo_tests.txt" "$OUT/tmap_tests.txt" 2>/dev/null
+grep -h "\[bench\] .*gqadrv hot" "$OUT"/short_rows_?.txt 2>/dev/null
+tail -n 1 "$OUT/tmap_tests.txt" 2>/dev/null
 tail -3 "$OUT/tests.txt" 2>/dev/null; tail -30 "$OUT/bench.txt" 2>/dev/null; tail -12 "$OUT/tune.txt" 2>/dev/null
 tail -20 "$OUT/mla_bench.txt" 2>/dev/null; tail -1 "$OUT/fmla.txt" 2>/dev/null; tail -24 "$OUT/mla_rounds.txt" 2>/dev/null; grep -E "^\|" "$OUT/mla_routes16.txt" 2>/dev/null; cat "$OUT/mla_modes.txt" "$OUT/mla_sanitize.txt" 2>/dev/null
 grep -E "^\||^- " "$OUT/paged_bench.txt" 2>/dev/null; grep -E "^\||^- " "$OUT/fp8_bench.txt" 2>/dev/null

@@ -101,7 +101,7 @@ BACKEND_FAMILIES = {
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
-              "GQADRV_KV8_T", "GQADRV_SHORT_SOLO")
+              "GQADRV_KV8_T")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -212,9 +212,6 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
     if family in E4M3_FAMILIES and os.environ.get("GQADRV_KV8_T", ""):
         # development only: GQADRV_KV8_T=0 turns the transposed 8-row e4m3 decoder off (warp_t8.cuh)
         sw.append(("GQA_KV8_T", int(os.environ["GQADRV_KV8_T"])))
-    if family == "short" and os.environ.get("GQADRV_SHORT_SOLO", "") == "1":
-        # development only (A/B): requests of <= TOK keys skip the CTA merge (decode_short.cu)
-        sw.append(("GQA_SHORT_SOLO", 1))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)

@@ -81,7 +81,7 @@ def validate_tiled(spec: TmaSpec) -> None:
 
 
 def encode_tiled(spec: TmaSpec) -> bytes:
-    """Validate, encode, and return the 128 descriptor bytes: with GQADRV_TMAP_PATCH=1 (opt-in)
+    """Validate, encode, and return the 128 descriptor bytes: unless GQADRV_TMAP_PATCH=0,
     written from a map of the same class where that class's geometry fields are known and checked
     (``runtime.tmap_geometry``), else encoded by the driver."""
     validate_tiled(spec)

@@ -265,18 +265,3 @@ def test_short_kernel_start_order(arch, isolated_cache):
         memory_ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:ld|st|cp\.async|atom|red)\.[\w.:]*)", before, re.M)
         assert [op for op in memory_ops if not op.startswith(("ld.param", "ld.shared", "st.shared"))] == [], \
             (v.name, memory_ops)
-
-
-def test_short_solo_switch_builds_its_own_short_module(monkeypatch, isolated_cache):
-    """GQADRV_SHORT_SOLO=1 (development A/B, decode_short.cu: requests of <= TOK keys skip the CTA merge)
-    reaches the short family's defines only, names its own module and builds without spills on sm_90a;
-    unset, the short build has no switch."""
-    from gqadrv.runtime.compiler import compile_module
-
-    assert routes.select_variant((9, 0), 64, 128, "float16", 4).switches == ()
-    monkeypatch.setenv("GQADRV_SHORT_SOLO", "1")
-    v = routes.select_variant((9, 0), 64, 128, "float16", 4)
-    assert ("GQA_SHORT_SOLO", 1) in v.switches and v.name.endswith("short_solo1")
-    assert not any(m == "GQA_SHORT_SOLO" for m, _ in routes.select_variant((9, 0), 4096, 128, "float16", 4).switches)
-    r = compile_module(v.family.source, "sm_90a", v.defines, cache=isolated_cache).resources[v.family.entry]
-    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r

@@ -1,7 +1,7 @@
 """Tensor maps written from a learned class layout (runtime.tmap_geometry) without a GPU: fake
 driver encoders with plain fields are learned and patched byte for byte; encoders with any other
 behaviour (derived bytes, truncated fields, high stride bits elsewhere, refused probes, hashed
-bodies) are never patched; off unless GQADRV_TMAP_PATCH=1; the one-geometry case costs no probes."""
+bodies) are never patched; on unless GQADRV_TMAP_PATCH=0; the one-geometry case costs no probes."""
 
 from __future__ import annotations
 
@@ -177,13 +177,9 @@ def test_a_base_with_strides_past_the_fields_is_replaced(driver):
     assert tm.encode_tiled(spec) == enc_plain(spec) and len(calls) == n
 
 
-@pytest.mark.parametrize("value", ["0", None], ids=["0", "unset"])
-def test_patching_is_off_unless_switched_on(driver, monkeypatch, value):
+def test_patching_is_off_when_switched_off(driver, monkeypatch):
     calls = driver(enc_plain)
-    if value is None:
-        monkeypatch.delenv("GQADRV_TMAP_PATCH", raising=False)
-    else:
-        monkeypatch.setenv("GQADRV_TMAP_PATCH", value)
+    monkeypatch.setenv("GQADRV_TMAP_PATCH", "0")
     g.reset()
     tm.encode_tiled(BASE)
     tm.encode_tiled(second(BASE))
@@ -191,6 +187,19 @@ def test_patching_is_off_unless_switched_on(driver, monkeypatch, value):
     for spec in specs:
         tm.encode_tiled(spec)
     assert len(calls) == 2 + len(specs) and not g._layouts
+
+
+def test_patching_is_on_by_default(driver, monkeypatch):
+    calls = driver(enc_plain)
+    monkeypatch.delenv("GQADRV_TMAP_PATCH", raising=False)
+    g.reset()
+    tm.encode_tiled(BASE)
+    tm.encode_tiled(second(BASE))
+    n = len(calls)
+    specs = list(members(10))
+    for spec in specs:
+        assert tm.encode_tiled(spec) == enc_plain(spec)
+    assert len(calls) == n and g._layouts
 
 
 def test_classes_and_encoders_are_learned_apart(driver, monkeypatch):

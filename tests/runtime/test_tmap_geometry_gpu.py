@@ -42,7 +42,7 @@ def test_written_maps_equal_the_drivers(name, base, monkeypatch):
     from gqadrv.runtime.tensormap import ELEMENT_BYTES
 
     _drv.ensure_init()
-    monkeypatch.setenv("GQADRV_TMAP_PATCH", "1")  # opt-in until this test has passed on the GPU
+    monkeypatch.delenv("GQADRV_TMAP_PATCH", raising=False)  # the default: on
     g.reset()
     try:
         with _drv.device_scope(0):
