@@ -192,7 +192,8 @@ for step in $STEPS; do
             --layouts 64 --label "patch=$p" --json "$OUT/tmap_host${p}_$r.json" > "$OUT/tmap_host${p}_$r.txt" 2>&1
         done; done ;;
   short_rows) # the short route's rows (B1 C64 at lengths 1, 33, 64 and a full B8 row) with FlashInfer, three
-              # rounds (docs/GQA.md, "Start of the short kernel"; ~1 min)
+              # rounds (docs/GQA.md, "Start of the short kernel"; ~1 min). On a fresh machine FlashInfer JIT-builds
+              # its decode module in the first bench that uses it (more than 50 s, 2026-12-07): no time limit here
               for r in 1 2 3; do
                 python3 -m gqadrv bench --reps 10 --no-geometry \
                   --only "1,64,[1]" "1,64,[33]" "1,64,[64]" "8,64,[64;64;64;64;64;64;64;64]" \
