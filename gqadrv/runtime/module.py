@@ -331,6 +331,16 @@ class LaunchPlan:
             self._cfg.hStream = stream
             self._stream = stream
 
+    def set_grid_x(self, n: int) -> None:
+        """Another grid width (a layout entry re-sized for another batch size or split count)."""
+        if n < 1:
+            raise ValueError(f"launch of {self.kernel.name}: grid.x {n} must be positive")
+        if self.cluster is not None and n % self.cluster[0]:
+            raise ValueError(f"launch of {self.kernel.name}: grid.x {n} is not a multiple of cluster.x {self.cluster[0]}")
+        if n != self.grid[0]:
+            self._cfg.gridDimX = n
+            self.grid = (n,) + self.grid[1:]
+
     @property
     def stream(self) -> int:
         """The plan's own stream (the one given at construction or by set_stream)."""

@@ -13,7 +13,8 @@ import dataclasses
 from . import driver as _drv
 from . import tmap_geometry as _geometry
 
-__all__ = ["TensorMapError", "TmaSpec", "address_offset", "encode_tiled", "rebase", "validate_tiled", "ELEMENT_BYTES"]
+__all__ = ["TensorMapError", "TmaSpec", "address_offset", "class_writer", "encode_tiled", "rebase", "validate_tiled",
+           "ELEMENT_BYTES"]
 
 # element size per data type name (there is no FP8 enum: fp8 data is described as uint8)
 ELEMENT_BYTES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
@@ -91,6 +92,14 @@ def encode_tiled(spec: TmaSpec) -> bytes:
         data = encode(spec)
         _geometry.note(spec, data, encode)
     return data
+
+
+def class_writer(spec: TmaSpec):
+    """The writer of ``spec``'s map class learned against the driver (``tmap_geometry.writer``): a
+    function (address, dims, strides) -> 128 bytes, or None from it for a value wider than its field
+    was checked with; None while the class is not learned. The caller vouches that every geometry
+    it writes passes ``validate_tiled`` (a family of layouts whose rules hold by construction)."""
+    return _geometry.writer(spec, _encode)
 
 
 _ENUMS: dict = {}  # driver enum members by our names, looked up once (not at every encoding)

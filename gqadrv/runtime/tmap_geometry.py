@@ -41,7 +41,7 @@ import struct
 import threading
 from typing import Callable
 
-__all__ = ["ClassLayout", "class_key", "enabled", "learn", "note", "patch", "reset"]
+__all__ = ["ClassLayout", "class_key", "enabled", "learn", "note", "patch", "reset", "writer"]
 
 _STRIDE_LIMIT = 1 << 36   # strides at or above 2^36 bytes keep bits outside their u32 field
 _pack_q = struct.Struct("<Q").pack_into
@@ -116,6 +116,16 @@ def patch(spec, encode: Callable) -> bytes | None:
     if lay is None:
         return None
     return lay.write(spec.address, spec.dims, spec.strides)
+
+
+def writer(spec, encode: Callable) -> Callable | None:
+    """``ClassLayout.write`` of ``spec``'s class learned from ``encode``, for callers that write many
+    maps of one class whose geometries are valid by construction (``write`` still refuses values
+    wider than checked: encode those); None while the class is not learned or patching is off."""
+    if not _ENABLED:
+        return None
+    lay = _layouts.get((encode, class_key(spec)))
+    return None if lay is None else lay.write
 
 
 def note(spec, data: bytes, encode: Callable) -> None:
