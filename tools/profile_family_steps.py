@@ -1,8 +1,8 @@
 """Host time of each step of a GQA layout-family member's first call, on the GPU host.
 
 For 64 new capacities of one family (B1 Hq32 Hkv8 D128 fp16, output allocated), the steps of
-``gqa.api._family_call`` and ``gqa.layout_family.copy_member`` are run one by one with the same
-functions and timed (median per step), then ``gqadrv.gqa_decode`` itself on 64 more new capacities
+``gqa.api._family_call`` on the route side's re-sizable entry (``gqa.layout_family.resize``) are run
+one by one with the same functions and timed (median per step), then ``gqadrv.gqa_decode`` itself on 64 more new capacities
 (with and without Python's garbage collector), and CuPy's ``cp.empty`` alone. The step list mirrors
 those two functions; keep it in step when they change. docs/RESULTS.md ("Layout families") has a run.
 
@@ -18,11 +18,8 @@ import cupy as cp
 import gqadrv
 from gqadrv.gqa import api, plan as _plan, layout_family as _family, routes as _routes
 from gqadrv.ops import workspace as _workspace, outputs as _outputs
-from gqadrv.ops.layouts import TmapSlot
-from gqadrv.runtime.module import LaunchPlan
 from gqadrv.runtime import driver as _drv
 from gqadrv.runtime.streams import order_fast
-from gqadrv.runtime.tensormap import encode_tiled
 pc = time.perf_counter
 B, Hq, Hkv, D, C0 = 1, 32, 8, 128, 1024
 def run(fw, n=64):
@@ -57,29 +54,16 @@ def run(fw, n=64):
             ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(b, Hkv, tt.group, D, splits), _plan.WORKSPACE_ZERO)
         t0 = mark('splits+ws', t0)
         o = _outputs.allocate(q, (b, Hq, D), tt.dtype, dev, s, cur); t0 = mark('allocate', t0)
-        itemsize = tt.q.itemsize
-        q_bytes, kv_bytes = b * Hq * D * itemsize, b * 2 * Hkv * c * D * itemsize
-        spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * b), (0, q_bytes))
         ptrs = ptrs[:3] + (o.ptr,)
-        base.check(ptrs, spans); t0 = mark('check', t0)
-        with base.lock:
-            args = base.plans[0].args.copy()
-        t0 = mark('copy', t0)
-        for name, v in _plan.size_fields(dev, kv_bytes, b, Hkv, c, variant, loaded, splits, ws).items():
-            args.set_field("args." + name, v)
-        t0 = mark('size_fields', t0)
-        spec = _plan.kv_spec(tt.dtype, ptrs[1], b, Hkv, c, D, variant.tiling.tok); t0 = mark('kv_spec', t0)
-        encoded = encode_tiled(spec); t0 = mark('encode', t0)
-        args.set("kv_map", encoded)
-        tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),); t0 = mark('tmapslot', t0)
-        grid, block, smem = _routes.launch_geometry(variant, b, Hkv, splits)
-        plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=s, pdl=True); t0 = mark('LaunchPlan', t0)
-        e = base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(b, Hq, D)); t0 = mark('derive', t0)
+        flex = fam.flex.get(side)
         order_fast(kind, (q, kv, lens, out), dev, s, cur); t0 = mark('order_fast', t0)
-        with e.lock:
-            e.launch()
-        t0 = mark('launch', t0)
-        api._layouts.remember(key, e); t0 = mark('remember', t0)
+        with flex.lock:
+            if flex.size != (b, c):
+                _family.resize(flex, b, c, splits, ws, ptrs[1])
+            t0 = mark('resize', t0)
+            flex.bind(ptrs); t0 = mark('bind', t0)
+            flex.launch(); t0 = mark('launch', t0)
+        api._layouts.remember(key, flex); t0 = mark('remember', t0)
         r = _outputs.hand_back(o, q, s, dev); t0 = mark('hand_back', t0)
         tot.append(t0 - T0)
         keep.append(r)

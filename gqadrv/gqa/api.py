@@ -84,7 +84,10 @@ def _call_facts(q, kv, lens, out, q_scale, sm_scale, stream, backend) -> tuple |
     return key, (fq[1], fk[1], fl[1], 0 if fo is None else fo[1]), kind, dev, s, cur
 
 
-def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
+def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out, backend):
+    if e.size is not None and e.size != _family.key_size(facts[0]):
+        # a family's re-sizable entry now holds another layout's sizes: this layout gets its own entry
+        return _family_call(facts, q, kv, lens, out, backend, private=True)
     _key, ptrs, kind, dev, s, cur = facts
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     o = None
@@ -92,6 +95,8 @@ def _launch_layout(e: LayoutEntry, facts: tuple, q, kv, lens, out):
         o = _outputs.allocate(q, e.out_shape, e.out_dtype, dev, s, cur)
         ptrs = ptrs[:3] + (o.ptr,)
     with e.lock:
+        if e.size is not None and e.size != _family.key_size(facts[0]):  # re-sized meanwhile by another thread
+            return _MISS
         if not e.bind(ptrs):
             return _MISS
         e.launch()
@@ -128,9 +133,11 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
     _family.remember(key, problem, side, (variant, loaded, e))
 
 
-def _family_call(facts: tuple, q, kv, lens, out, backend):
+def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False):
     """First call of a new layout of a known family (gqa.layout_family); _MISS (nothing launched)
-    when the layout is not a member, its family is unknown or an address rule fails."""
+    when the layout is not a member, its family is unknown or an address rule fails. The route
+    side's re-sizable entry serves it when there is one (``private``: build the layout an entry of its
+    own, for a layout whose sizes that entry no longer holds)."""
     key, ptrs, kind, dev, s, cur = facts
     split = _family.split_key(key)
     fam = None if split is None else _family.families.get(split[0])
@@ -141,15 +148,30 @@ def _family_call(facts: tuple, q, kv, lens, out, backend):
     Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
     side = _plan.route_side(dev, B, Hkv, C, D)
     built = fam.built.get(side)
+    flex = None if private or built is None else fam.flex.get(side)
     if built is None:  # the family's first member on this route side: built from the template's problem
         problem = _family.member_problem(t, B, C, (q, kv, lens, out), ptrs)
         variant, loaded = _plan.route(problem, backend)
-    else:  # a copy of a built member's arguments with the size fields, addresses and tensor map rewritten
+    else:  # re-size the side's entry, or copy a built member's arguments with new sizes and addresses
         variant, loaded, base = built
     splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
     ws = None
     if splits > 1:
         ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
+    if flex is not None:
+        order_fast(kind, (q, kv, lens, out), dev, s, cur)
+        o = None
+        if out is None:
+            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
+            ptrs = ptrs[:3] + (o.ptr,)
+        with flex.lock:
+            if flex.size != (B, C):
+                _family.resize(flex, B, C, splits, ws, ptrs[1])
+            if not flex.bind(ptrs):  # alignment, out overlapping an input: the full path raises the error
+                return _MISS
+            flex.launch()
+        _layouts.remember(key, flex)
+        return out if o is None else _outputs.hand_back(o, q, s, dev)
     o = None
     out_ptr = ptrs[3]
     if out is None:
@@ -166,6 +188,9 @@ def _family_call(facts: tuple, q, kv, lens, out, backend):
         e = _family.copy_member(base, variant, loaded, t, B, C, ptrs[:3] + (out_ptr,), ws, splits, dev, s)
         if e is None:  # alignment, out overlapping an input: the full path raises the error
             return _MISS
+    if not private and side not in fam.flex:
+        # the side's first member entry becomes its re-sizable one (it also stays this layout's entry)
+        fam.flex.setdefault(side, _family.make_flexible(e, variant, loaded, t, dev, B, C))
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     with e.lock:
         e.launch()
@@ -228,7 +253,7 @@ def gqa_decode(q: DLPackArray, kv: DLPackArray, sequence_lengths: DLPackArray, *
     if facts is not None:
         e = _layouts.get(facts[0])  # (a layout key includes the dtypes: an FP8 cache never hits)
         r = (_family_call(facts, q, kv, sequence_lengths, out, backend) if e is None
-             else _launch_layout(e, facts, q, kv, sequence_lengths, out))
+             else _launch_layout(e, facts, q, kv, sequence_lengths, out, backend))
         if r is not _MISS:
             return r
     if kv_is_8bit(kv):

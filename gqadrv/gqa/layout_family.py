@@ -34,24 +34,26 @@ from typing import Any
 from ..ops.bounded import BoundedMap
 from ..ops.layouts import LayoutEntry, TmapSlot
 from ..runtime.module import LaunchPlan
-from ..runtime.tensormap import encode_tiled
+from ..runtime.tensormap import class_writer, encode_tiled
 from ..runtime.tensors import TensorView
 from . import plan as _plan
 from . import routes as _routes
 from .contract import _INT32_POSITIONS, GqaProblem
 
-__all__ = ["Family", "copy_member", "families", "member_problem", "remember", "split_key"]
+__all__ = ["Family", "Sizing", "copy_member", "families", "key_size", "make_flexible", "member_problem", "remember",
+           "resize", "split_key"]
 
 
 class Family:
     """A family's template problem and, per route side, (variant, loaded kernel, layout entry) of a
-    member built on that side."""
+    member built on that side, and the side's re-sizable entry (``flex``, see ``resize``)."""
 
-    __slots__ = ("built", "template")
+    __slots__ = ("built", "flex", "template")
 
     def __init__(self, template: GqaProblem):
         self.template = template
         self.built: dict[tuple[bool, bool], tuple] = {}
+        self.flex: dict[tuple[bool, bool], LayoutEntry] = {}
 
 
 families = BoundedMap(256)   # family key -> Family
@@ -179,3 +181,71 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
     grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
     plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=stream, pdl=True)
     return base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, Hq, D))
+
+
+# ----------------------------------------------------------------------------- re-sizable entries
+# The first call of a new layout of a known family (api._family_call) takes the route side's
+# re-sizable entry (Family.flex) and rewrites in place what depends on B and C (``resize``: the size
+# fields, the KV tensor map, the grid width, the byte spans, the output shape, the workspace kept
+# alive); ``LayoutEntry.bind`` then re-checks and patches every address. No argument block, launch
+# configuration or entry is built, so such a call costs about what a call with new pointers costs.
+# Every layout served so is remembered under its own key with that entry and the sizes it needs
+# (``key_size``); a later call of a layout whose sizes the entry no longer holds gets an entry of its
+# own (``copy_member``), so layouts that alternate settle into plain replays after their second call.
+class Sizing:
+    """What ``resize`` needs of a re-sizable entry: the route side's variant and loaded kernel, the
+    family's head counts, head dim, dtype and element sizes, the device, where the size fields sit
+    (``places``) and the KV map class's writer (``write``)."""
+
+    __slots__ = ("device", "dtype", "hkv", "hq", "head_dim", "kv_item", "loaded", "places", "q_item", "variant", "write")
+
+
+def make_flexible(e: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, device: int,
+                  B: int, C: int) -> LayoutEntry:
+    """Mark ``e`` (an entry of batch B and capacity C built for ``template``'s family on ``variant``'s
+    route side) as the side's re-sizable entry."""
+    z = Sizing()
+    z.variant, z.loaded, z.device, z.dtype = variant, loaded, device, template.dtype
+    z.hq, z.hkv, z.head_dim = template.num_q_heads, template.num_kv_heads, template.head_dim
+    z.q_item, z.kv_item = template.q.itemsize, template.kv.itemsize
+    z.places = z.write = None   # (filled in by the first resize: the size fields' places, the map writer)
+    e.info, e.size = z, (B, C)
+    return e
+
+
+def key_size(key: tuple) -> tuple[int, int]:
+    """(B, C) of a family member's layout key (q's shape leads its layout, kv's shape holds C)."""
+    return key[1][0][0], key[2][0][3]
+
+
+def resize(e: LayoutEntry, B: int, C: int, splits: int, ws, kv_ptr: int) -> None:
+    """Rewrite re-sizable entry ``e`` (``make_flexible``) for batch B, capacity C and ``splits``
+    (``routes.default_splits`` of B and C on the entry's route side), with workspace ``ws`` (None
+    for one split): size fields, KV tensor map (written for ``kv_ptr``), grid width, byte spans, output
+    shape. Every address is re-checked and re-patched by the next ``bind``. Call with ``e.lock`` held."""
+    z: Sizing = e.info
+    Hq, Hkv, D = z.hq, z.hkv, z.head_dim
+    q_bytes, kv_bytes = B * Hq * D * z.q_item, B * 2 * Hkv * C * D * z.kv_item
+    plan = e.plans[0]
+    args = plan.args
+    fields = _plan.size_fields(z.device, kv_bytes, B, Hkv, C, z.variant, z.loaded, splits, ws)
+    places = z.places
+    if places is None:
+        places = z.places = _places(args.sig, fields)
+    for (off, fmt), v in zip(places, fields.values()):
+        args.patch(off, fmt, v)
+    if z.variant.family.uses_tma:
+        spec = _plan.kv_spec(z.dtype, kv_ptr, B, Hkv, C, D, z.variant.tiling.tok)
+        write = z.write
+        if write is None:
+            write = z.write = class_writer(spec)
+        # a dense member's map always passes validate_tiled (16-byte strides, dims and strides in range)
+        encoded = None if write is None else write(kv_ptr, spec.dims, spec.strides)
+        if encoded is None:
+            encoded = encode_tiled(spec)
+        args.set("kv_map", encoded)
+        e.tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
+    plan.set_grid_x(_routes.launch_geometry(z.variant, B, Hkv, splits)[0][0])
+    e.spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
+    e.out_shape, e.keep, e.size = (B, Hq, D), (ws,), (B, C)
+    e.forget_addresses()

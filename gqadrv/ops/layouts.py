@@ -90,7 +90,10 @@ class LayoutEntry:
     required alignment; ``spans[i]``: (lo, hi) byte offsets of its extent relative to its address;
     ``out_slot``: the output's index, or a tuple of the outputs' indices (an output's span must not
     overlap any other tensor's); ``tmaps``: tensor maps to re-base when their tensor moves; ``ptrs``:
-    the addresses of the last launch; ``info``: whatever else the op keeps with the layout."""
+    the addresses of the last launch; ``info``: whatever else the op keeps with the layout; ``size``:
+    None, or for an entry the op re-sizes in place to serve several layouts of one family (``gqa_decode``:
+    gqa.layout_family), the sizes its plans hold now (the op re-sizes it under ``lock`` when a call's
+    layout has others, then ``bind`` re-checks every address)."""
 
     __slots__ = (
         "aligns",
@@ -106,6 +109,7 @@ class LayoutEntry:
         "patches",
         "plans",
         "ptrs",
+        "size",
         "spans",
         "stream",
         "tmaps",
@@ -122,6 +126,7 @@ class LayoutEntry:
         self.out_slots = () if out_slot is None else (out_slot,) if isinstance(out_slot, int) else tuple(out_slot)
         self.device, self.stream, self.keep = device, stream, keep
         self.out_shape, self.out_dtype, self.info = tuple(out_shape), out_dtype, info
+        self.size = None
         self.patches = tuple(tuple(_resolve(self.plans[f[0]].args.sig, f) for f in fs) for fs in self.fields)
         self.lock = threading.Lock()
 
@@ -137,7 +142,7 @@ class LayoutEntry:
                                                                    self.out_slot, self.out_slots)
         e.device, e.stream, e.out_dtype, e.info = self.device, self.stream, self.out_dtype, self.info
         e.plans, e.spans, e.tmaps, e.ptrs = tuple(plans), tuple(spans), tuple(tmaps), tuple(ptrs)
-        e.keep, e.out_shape = keep, tuple(out_shape)
+        e.keep, e.out_shape, e.size = keep, tuple(out_shape), None
         for i, p in enumerate(e.ptrs):
             for pi, off, fmt, add in self.patches[i]:
                 e.plans[pi].args.patch(off, fmt, p + add)
@@ -159,6 +164,10 @@ class LayoutEntry:
                 if i != o and p + spans[i][0] < hi and lo < p + spans[i][1]:
                     return False
         return True
+
+    def forget_addresses(self) -> None:
+        """Make the next ``bind`` check and patch every address (after the spans or maps changed)."""
+        self.ptrs = (-1,) * len(self.ptrs)
 
     def bind(self, ptrs: tuple[int, ...]) -> bool:
         """Check ``ptrs`` and patch the ones that changed; False (nothing patched) when a check

@@ -199,3 +199,96 @@ def test_families_keep_no_tensor_alive(stubbed):
     gc.collect()   # the layout entries (still remembered) hold addresses, not tensors
     assert [r() for r in refs] == [None] * 4
 
+
+
+@pytest.mark.parametrize("with_out", [True, False], ids=["out", "alloc"])
+def test_a_resized_entry_launches_what_the_full_path_launches(stubbed, with_out):
+    """Members called one after another share their route side's re-sizable entry (size fields,
+    tensor map, grid width rewritten in place): each launch equals the full path's for the same
+    tensors. Called again in another order, a layout whose sizes the shared entry no longer holds gets
+    an entry of its own with the same bytes; after that every call is a plain replay."""
+    launched = stubbed
+    members = [_tensors(B, C, out=with_out) for B, C in MEMBERS]
+    want = [_full_path_launch(t, launched) for t in members]
+    api._layouts.clear()
+    fam.families.clear()
+    _decode(_tensors(2, 1024, out=with_out))
+    for t, w, bc in zip(members, want, MEMBERS):
+        _decode(t)
+        assert launched[-1] == w, bc
+    (f,) = fam.families.values()
+    assert set(f.flex) == {(False, False), (True, False), (False, True)}
+    entries = api._layouts._map.values()
+    assert len({id(e) for e in entries}) < len(entries)          # members of a side share one entry
+    assert all(e.size is not None for e in f.flex.values())
+    for t, w, bc in reversed(list(zip(members, want, MEMBERS))):
+        _decode(t)
+        assert launched[-1] == w, bc
+    n, ids = len(api._layouts), {id(e) for e in api._layouts._map.values()}
+    for t, w, bc in zip(members, want, MEMBERS):
+        _decode(t)
+        assert launched[-1] == w, bc
+    assert len(api._layouts) == n and {id(e) for e in api._layouts._map.values()} == ids
+
+
+def test_a_resized_entry_checks_every_address_again(stubbed):
+    """After a re-size the byte spans are the new layout's: an output inside the larger KV cache is
+    refused although every address is the one the entry last launched with (nothing launched)."""
+    launched = stubbed
+    _decode(_tensors(2, 1024))
+    n100, n300, n_out = 3 * 2 * 8 * 100 * 128, 3 * 2 * 8 * 300 * 128, 3 * 32 * 128
+    buf = aligned((n300,))
+    kv100 = FakeT(buf[:n100].reshape(3, 2, 8, 100, 128))
+    kv300 = FakeT(buf.reshape(3, 2, 8, 300, 128))                     # the same address, three times longer
+    out = FakeT(buf[n300 - n_out:].reshape(3, 32, 128))              # past kv100, inside kv300
+    q, _kv, lens, _out = _tensors(3, 100)
+    _decode((q, kv100, lens, out))                                   # the side's re-sizable entry
+    n = len(launched)
+    with pytest.raises(ValueError, match="overlap"):
+        _decode((q, kv300, lens, out))
+    assert len(launched) == n
+    _decode((q, kv100, lens, out))                                   # its own layout again: launched as before
+    assert launched[-1] == launched[n - 1]
+
+
+def _plain_field_map(spec) -> bytes:
+    """A driver-like encoder whose geometry sits in plain fields (address u64 at 0, strides >> 4 and
+    dims - 1 as u32 from 12 and 32, a class byte), so runtime.tmap_geometry learns its class."""
+    import struct
+
+    b = bytearray(128)
+    b[0:8] = spec.address.to_bytes(8, "little")
+    for i, s in enumerate(spec.strides):
+        struct.pack_into("<I", b, 12 + 4 * i, s >> 4)
+    for i, d in enumerate(spec.dims):
+        struct.pack_into("<I", b, 32 + 4 * i, d - 1)
+    b[100] = (len(spec.dims) * 7 + spec.box[1]) & 0xFF
+    return bytes(b)
+
+
+def test_a_resized_entry_writes_its_map_from_the_learned_class(stubbed, monkeypatch):
+    """With the KV map class learned (runtime.tmap_geometry), a re-size writes the map directly
+    (``tensormap.class_writer``): the bytes the driver-like encoder gives for the member's geometry,
+    and launches equal to the full path's."""
+    from gqadrv.runtime import tmap_geometry
+
+    launched = stubbed
+    monkeypatch.setattr(tensormap, "_encode", _plain_field_map)
+    monkeypatch.setattr(tensormap, "_offset_state", [])
+    monkeypatch.setattr(tmap_geometry, "_one_arch", lambda: True)
+    monkeypatch.setattr(tmap_geometry, "_ENABLED", True)
+    monkeypatch.setattr(tmap_geometry, "_layouts", {})
+    monkeypatch.setattr(tmap_geometry, "_bases", {})
+    members = [_tensors(B, C) for B, C in [(2, 1000), (1, 4096), (5, 65), (1, 20000)]]
+    want = [_full_path_launch(t, launched) for t in members]
+    api._layouts.clear()
+    fam.families.clear()
+    _decode(_tensors(2, 1024))
+    for t, w in zip(members, want):
+        _decode(t)
+        assert launched[-1] == w
+    flex = fam.families.values()[0].flex[(False, False)]
+    assert flex.info.write is not None                            # the class was learned: maps written
+    (slot,) = flex.tmaps
+    assert slot.encoded == _plain_field_map(slot.spec)
+    assert slot.spec.dims == (128, 20000, 8, 2)
