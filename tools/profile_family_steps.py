@@ -1,7 +1,7 @@
 """Host time of each step of a GQA layout-family member's first call, on the GPU host.
 
 For 64 new capacities of one family (B1 Hq32 Hkv8 D128 fp16, output allocated), the steps of
-``gqa.api._family_call`` on the route side's re-sizable entry (``gqa.layout_family.resize``) are run
+``gqa.api._family_call`` on the re-sizable entry of the route side and batch size (``gqa.layout_family.resize``) are run
 one by one with the same functions and timed (median per step), then ``gqadrv.gqa_decode`` itself on 64 more new capacities
 (with and without Python's garbage collector), and CuPy's ``cp.empty`` alone. The step list mirrors
 those two functions; keep it in step when they change. docs/RESULTS.md ("Layout families") has a run.
@@ -55,7 +55,7 @@ def run(fw, n=64):
         t0 = mark('splits+ws', t0)
         o = _outputs.allocate(q, (b, Hq, D), tt.dtype, dev, s, cur); t0 = mark('allocate', t0)
         ptrs = ptrs[:3] + (o.ptr,)
-        flex = fam.flex.get(side)
+        flex = fam.flex.get((side, b))
         order_fast(kind, (q, kv, lens, out), dev, s, cur); t0 = mark('order_fast', t0)
         with flex.lock:
             if flex.size != (b, c):

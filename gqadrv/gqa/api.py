@@ -135,9 +135,9 @@ def _remember(facts: tuple, problem, variant, loaded, plan, ws, out_ptr: int) ->
 
 def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False):
     """First call of a new layout of a known family (gqa.layout_family); _MISS (nothing launched)
-    when the layout is not a member, its family is unknown or an address rule fails. The route
-    side's re-sizable entry serves it when there is one (``private``: build the layout an entry of its
-    own, for a layout whose sizes that entry no longer holds)."""
+    when the layout is not a member, its family is unknown or an address rule fails. The re-sizable
+    entry of its route side and batch size serves it when there is one (``private``: build the layout
+    an entry of its own, for a layout whose sizes that entry no longer holds)."""
     key, ptrs, kind, dev, s, cur = facts
     split = _family.split_key(key)
     fam = None if split is None else _family.families.get(split[0])
@@ -148,7 +148,7 @@ def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False)
     Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
     side = _plan.route_side(dev, B, Hkv, C, D)
     built = fam.built.get(side)
-    flex = None if private or built is None else fam.flex.get(side)
+    flex = None if private or built is None else fam.flex.get((side, B))
     if built is None:  # the family's first member on this route side: built from the template's problem
         problem = _family.member_problem(t, B, C, (q, kv, lens, out), ptrs)
         variant, loaded = _plan.route(problem, backend)
@@ -188,9 +188,10 @@ def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False)
         e = _family.copy_member(base, variant, loaded, t, B, C, ptrs[:3] + (out_ptr,), ws, splits, dev, s)
         if e is None:  # alignment, out overlapping an input: the full path raises the error
             return _MISS
-    if not private and side not in fam.flex:
-        # the side's first member entry becomes its re-sizable one (it also stays this layout's entry)
-        fam.flex.setdefault(side, _family.make_flexible(e, variant, loaded, t, dev, B, C))
+    if not private and (side, B) not in fam.flex:
+        # the first member entry of this side and batch size becomes their re-sizable one (it also stays
+        # this layout's entry)
+        fam.flex.setdefault((side, B), _family.make_flexible(e, variant, loaded, t, dev, B, C))
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     with e.lock:
         e.launch()

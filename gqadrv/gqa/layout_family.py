@@ -46,14 +46,15 @@ __all__ = ["Family", "Sizing", "copy_member", "families", "key_size", "make_flex
 
 class Family:
     """A family's template problem and, per route side, (variant, loaded kernel, layout entry) of a
-    member built on that side, and the side's re-sizable entry (``flex``, see ``resize``)."""
+    member built on that side, and per (route side, batch size) a re-sizable entry (``flex``, see
+    ``resize``)."""
 
     __slots__ = ("built", "flex", "template")
 
     def __init__(self, template: GqaProblem):
         self.template = template
         self.built: dict[tuple[bool, bool], tuple] = {}
-        self.flex: dict[tuple[bool, bool], LayoutEntry] = {}
+        self.flex: dict[tuple[tuple[bool, bool], int], LayoutEntry] = {}
 
 
 families = BoundedMap(256)   # family key -> Family
@@ -184,14 +185,17 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
 
 
 # ----------------------------------------------------------------------------- re-sizable entries
-# The first call of a new layout of a known family (api._family_call) takes the route side's
-# re-sizable entry (Family.flex) and rewrites in place what depends on B and C (``resize``: the size
-# fields, the KV tensor map, the grid width, the byte spans, the output shape, the workspace kept
-# alive); ``LayoutEntry.bind`` then re-checks and patches every address. No argument block, launch
-# configuration or entry is built, so such a call costs about what a call with new pointers costs.
-# Every layout served so is remembered under its own key with that entry and the sizes it needs
-# (``key_size``); a later call of a layout whose sizes the entry no longer holds gets an entry of its
-# own (``copy_member``), so layouts that alternate settle into plain replays after their second call.
+# The first member entry built for a (route side, batch size) becomes their re-sizable entry
+# (Family.flex). A first call of a new layout with that side and B (a new capacity: a cache that
+# grows, another split count) takes it and rewrites in place what depends on C (``resize``: the size
+# fields, the KV tensor map, the grid width, the byte spans, the workspace kept alive);
+# ``LayoutEntry.bind`` then re-checks and patches every address. No argument block, launch
+# configuration or entry is built, so such a call costs about what a call with new pointers costs
+# plus the re-size. Every layout served so is remembered under its own key with that entry and the
+# sizes it needs (``key_size``); a later call of a layout whose sizes the entry no longer holds gets an
+# entry of its own (``copy_member``), so layouts that alternate settle into plain replays after their
+# second call. A new batch size builds its own entry (``copy_member``) as before: batch sizes come
+# back step after step in a serving engine, and each keeps its entry.
 class Sizing:
     """What ``resize`` needs of a re-sizable entry: the route side's variant and loaded kernel, the
     family's head counts, head dim, dtype and element sizes, the device, where the size fields sit

@@ -201,31 +201,38 @@ def test_families_keep_no_tensor_alive(stubbed):
 
 
 
+# the (route side, B) of each member of RESIZED: C 1000, 4096, 32768, 20000, 1500 at B 1 (one, 16, 16, 16, 12
+# splits: grid and workspace change) and 2; the short side (C 48 / 64 / 1); the large-batch rule (B 40)
+RESIZED = [(2, 1000), (1, 4096), (1, 32768), (3, 48), (3, 64), (1, 1500), (40, 512), (2, 333), (40, 700), (3, 1),
+           (1, 20000), (1, 300)]
+RESIZED_KEYS = {((False, False), 2), ((False, False), 1), ((True, False), 3), ((False, True), 40)}
+
+
 @pytest.mark.parametrize("with_out", [True, False], ids=["out", "alloc"])
 def test_a_resized_entry_launches_what_the_full_path_launches(stubbed, with_out):
-    """Members called one after another share their route side's re-sizable entry (size fields,
-    tensor map, grid width rewritten in place): each launch equals the full path's for the same
-    tensors. Called again in another order, a layout whose sizes the shared entry no longer holds gets
-    an entry of its own with the same bytes; after that every call is a plain replay."""
+    """Members of one route side and batch size called one after another share a re-sizable entry
+    (size fields, tensor map, grid width rewritten in place): each launch equals the full path's for
+    the same tensors. Called again in another order, a layout whose sizes the shared entry no longer
+    holds gets an entry of its own with the same bytes; after that every call is a plain replay."""
     launched = stubbed
-    members = [_tensors(B, C, out=with_out) for B, C in MEMBERS]
+    members = [_tensors(B, C, out=with_out) for B, C in RESIZED]
     want = [_full_path_launch(t, launched) for t in members]
     api._layouts.clear()
     fam.families.clear()
     _decode(_tensors(2, 1024, out=with_out))
-    for t, w, bc in zip(members, want, MEMBERS):
+    for t, w, bc in zip(members, want, RESIZED):
         _decode(t)
         assert launched[-1] == w, bc
     (f,) = fam.families.values()
-    assert set(f.flex) == {(False, False), (True, False), (False, True)}
+    assert set(f.flex) == {(fam_side, B) for fam_side, B in RESIZED_KEYS}
     entries = api._layouts._map.values()
     assert len({id(e) for e in entries}) < len(entries)          # members of a side share one entry
     assert all(e.size is not None for e in f.flex.values())
-    for t, w, bc in reversed(list(zip(members, want, MEMBERS))):
+    for t, w, bc in reversed(list(zip(members, want, RESIZED))):
         _decode(t)
         assert launched[-1] == w, bc
     n, ids = len(api._layouts), {id(e) for e in api._layouts._map.values()}
-    for t, w, bc in zip(members, want, MEMBERS):
+    for t, w, bc in zip(members, want, RESIZED):
         _decode(t)
         assert launched[-1] == w, bc
     assert len(api._layouts) == n and {id(e) for e in api._layouts._map.values()} == ids
@@ -287,7 +294,7 @@ def test_a_resized_entry_writes_its_map_from_the_learned_class(stubbed, monkeypa
     for t, w in zip(members, want):
         _decode(t)
         assert launched[-1] == w
-    flex = fam.families.values()[0].flex[(False, False)]
+    flex = fam.families.values()[0].flex[((False, False), 1)]
     assert flex.info.write is not None                            # the class was learned: maps written
     (slot,) = flex.tmaps
     assert slot.encoded == _plain_field_map(slot.spec)
