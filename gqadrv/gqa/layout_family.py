@@ -197,7 +197,7 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
 # second call. A new batch size builds its own entry (``copy_member``) as before: batch sizes come
 # back step after step in a serving engine, and each keeps its entry.
 class Sizing:
-    """What ``resize`` needs of a re-sizable entry: the route side's variant and loaded kernel, the
+    """What ``resize`` needs of a re-sizable entry: its route side's variant and loaded kernel, the
     family's head counts, head dim, dtype and element sizes, the device, where the size fields sit
     (``places``) and the KV map class's writer (``write``)."""
 
@@ -207,7 +207,7 @@ class Sizing:
 def make_flexible(e: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, device: int,
                   B: int, C: int) -> LayoutEntry:
     """Mark ``e`` (an entry of batch B and capacity C built for ``template``'s family on ``variant``'s
-    route side) as the side's re-sizable entry."""
+    route side) as the re-sizable entry of that route side and batch size."""
     z = Sizing()
     z.variant, z.loaded, z.device, z.dtype = variant, loaded, device, template.dtype
     z.hq, z.hkv, z.head_dim = template.num_q_heads, template.num_kv_heads, template.head_dim
