@@ -152,40 +152,27 @@ def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False)
     if built is None:  # the family's first member on this route side: built from the template's problem
         problem = _family.member_problem(t, B, C, (q, kv, lens, out), ptrs)
         variant, loaded = _plan.route(problem, backend)
-    else:  # re-size the side's entry, or copy a built member's arguments with new sizes and addresses
+    else:  # re-size the entry of this side and B, or copy a built member's arguments with new sizes
         variant, loaded, base = built
     splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
     ws = None
     if splits > 1:
         ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
-    if flex is not None:
-        order_fast(kind, (q, kv, lens, out), dev, s, cur)
-        o = None
-        if out is None:
-            o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
-            ptrs = ptrs[:3] + (o.ptr,)
-        with flex.lock:
-            if flex.size != (B, C):
-                _family.resize(flex, B, C, splits, ws, ptrs[1])
-            if not flex.bind(ptrs):  # alignment, out overlapping an input: the full path raises the error
-                return _MISS
-            flex.launch()
-        _layouts.remember(key, flex)
-        return out if o is None else _outputs.hand_back(o, q, s, dev)
     o = None
-    out_ptr = ptrs[3]
     if out is None:
         o = _outputs.allocate(q, (B, Hq, D), t.dtype, dev, s, cur)
-        out_ptr = o.ptr
-    if built is None:
-        plan = _plan.build_launch(problem, variant, loaded, out_ptr=out_ptr, ws=ws, status_ptr=0, splits=splits,
+        ptrs = ptrs[:3] + (o.ptr,)
+    if flex is not None:
+        e = flex
+    elif built is None:
+        plan = _plan.build_launch(problem, variant, loaded, out_ptr=ptrs[3], ws=ws, status_ptr=0, splits=splits,
                                   stream=s)
-        e = _layout_entry(problem, variant, plan, ws, out_ptr, dev, s)
+        e = _layout_entry(problem, variant, plan, ws, ptrs[3], dev, s)
         if not e.check(e.ptrs):  # alignment, out overlapping an input: the full path raises the error
             return _MISS
         fam.built.setdefault(side, (variant, loaded, e))
     else:
-        e = _family.copy_member(base, variant, loaded, t, B, C, ptrs[:3] + (out_ptr,), ws, splits, dev, s)
+        e = _family.copy_member(base, variant, loaded, t, B, C, ptrs, ws, splits, dev, s)
         if e is None:  # alignment, out overlapping an input: the full path raises the error
             return _MISS
     if not private and (side, B) not in fam.flex:
@@ -194,6 +181,11 @@ def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False)
         fam.flex.setdefault((side, B), _family.make_flexible(e, variant, loaded, t, dev, B, C))
     order_fast(kind, (q, kv, lens, out), dev, s, cur)
     with e.lock:
+        if flex is not None:
+            if flex.size != (B, C):
+                _family.resize(flex, B, C, splits, ws, ptrs[1])
+            if not flex.bind(ptrs):  # alignment, out overlapping an input: the full path raises the error
+                return _MISS
         e.launch()
     _layouts.remember(key, e)
     return out if o is None else _outputs.hand_back(o, q, s, dev)

@@ -40,7 +40,7 @@ from . import plan as _plan
 from . import routes as _routes
 from .contract import _INT32_POSITIONS, GqaProblem
 
-__all__ = ["Family", "Sizing", "copy_member", "families", "key_size", "make_flexible", "member_problem", "remember",
+__all__ = ["Family", "copy_member", "families", "key_size", "make_flexible", "member_problem", "remember",
            "resize", "split_key"]
 
 
@@ -155,33 +155,51 @@ def _places(sig, fields: dict) -> tuple:
     return hit
 
 
+def _spans(template: GqaProblem, B: int, C: int) -> tuple:
+    """Byte spans of a member's q, kv, lengths and out (dense tensors of batch B and capacity C)."""
+    t = template
+    q_bytes = B * t.num_q_heads * t.head_dim * t.q.itemsize
+    return ((0, q_bytes), (0, B * 2 * t.num_kv_heads * C * t.head_dim * t.kv.itemsize), (0, 4 * B), (0, q_bytes))
+
+
+def _write_sizes(args, variant: _routes.Variant, loaded, template: GqaProblem, B: int, C: int, splits: int, ws,
+                 kv_ptr: int, device: int, kv_bytes: int) -> tuple:
+    """Write into argument block ``args`` what depends on B, C and the split count: the size fields
+    (``plan.size_fields``) and, for TMA families, the KV tensor map of the new geometry at ``kv_ptr``
+    (written from its learned map class when there is one: a dense member's map always passes
+    ``validate_tiled``; else ``encode_tiled``). Returns the entry's tensor-map slots."""
+    t = template
+    Hkv, D = t.num_kv_heads, t.head_dim
+    fields = _plan.size_fields(device, kv_bytes, B, Hkv, C, variant, loaded, splits, ws)
+    for (off, fmt), v in zip(_places(args.sig, fields), fields.values()):
+        args.patch(off, fmt, v)
+    if not variant.family.uses_tma:
+        return ()
+    spec = _plan.kv_spec(t.dtype, kv_ptr, B, Hkv, C, D, variant.tiling.tok)
+    write = class_writer(spec)
+    encoded = None if write is None else write(kv_ptr, spec.dims, spec.strides)
+    if encoded is None:
+        encoded = encode_tiled(spec)  # a new geometry: the plan's cache of maps would not hit
+    args.set("kv_map", encoded)
+    return (TmapSlot(0, "kv_map", 1, spec, encoded),)
+
+
 def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, B: int, C: int,
                 ptrs: tuple, ws, splits: int, device: int, stream: int) -> LayoutEntry | None:
     """The entry of a member with batch B and capacity C, tensors at ``ptrs`` (q, kv, lengths, out),
     from ``base``, an entry of the same family and route side: its argument block copied with the
-    size fields (``plan.size_fields``) rewritten, the KV tensor map of the new geometry, the grid of
-    the new sizes and split count, the addresses written by ``LayoutEntry.derive``. None (nothing
-    built) when an address rule fails (alignment, out overlapping an input)."""
-    t = template
-    Hq, Hkv, D = t.num_q_heads, t.num_kv_heads, t.head_dim
-    q_bytes, kv_bytes = B * Hq * D * t.q.itemsize, B * 2 * Hkv * C * D * t.kv.itemsize
-    spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
+    size fields and the KV tensor map rewritten (``_write_sizes``), the grid of the new sizes and
+    split count, the addresses written by ``LayoutEntry.derive``. None (nothing built) when an
+    address rule fails (alignment, out overlapping an input)."""
+    spans = _spans(template, B, C)
     if not base.check(ptrs, spans):
         return None
     with base.lock:
         args = base.plans[0].args.copy()
-    fields = _plan.size_fields(device, kv_bytes, B, Hkv, C, variant, loaded, splits, ws)
-    for (off, fmt), v in zip(_places(args.sig, fields), fields.values()):
-        args.patch(off, fmt, v)
-    tmaps = ()
-    if variant.family.uses_tma:
-        spec = _plan.kv_spec(t.dtype, ptrs[1], B, Hkv, C, D, variant.tiling.tok)
-        encoded = encode_tiled(spec)  # a new geometry: the plan's cache of maps would not hit
-        args.set("kv_map", encoded)
-        tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
-    grid, block, smem = _routes.launch_geometry(variant, B, Hkv, splits)
+    tmaps = _write_sizes(args, variant, loaded, template, B, C, splits, ws, ptrs[1], device, spans[1][1])
+    grid, block, smem = _routes.launch_geometry(variant, B, template.num_kv_heads, splits)
     plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=stream, pdl=True)
-    return base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, Hq, D))
+    return base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, template.num_q_heads, template.head_dim))
 
 
 # ----------------------------------------------------------------------------- re-sizable entries
@@ -196,24 +214,12 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
 # entry of its own (``copy_member``), so layouts that alternate settle into plain replays after their
 # second call. A new batch size builds its own entry (``copy_member``) as before: batch sizes come
 # back step after step in a serving engine, and each keeps its entry.
-class Sizing:
-    """What ``resize`` needs of a re-sizable entry: its route side's variant and loaded kernel, the
-    family's head counts, head dim, dtype and element sizes, the device, where the size fields sit
-    (``places``) and the KV map class's writer (``write``)."""
-
-    __slots__ = ("device", "dtype", "hkv", "hq", "head_dim", "kv_item", "loaded", "places", "q_item", "variant", "write")
-
-
 def make_flexible(e: LayoutEntry, variant: _routes.Variant, loaded, template: GqaProblem, device: int,
                   B: int, C: int) -> LayoutEntry:
     """Mark ``e`` (an entry of batch B and capacity C built for ``template``'s family on ``variant``'s
-    route side) as the re-sizable entry of that route side and batch size."""
-    z = Sizing()
-    z.variant, z.loaded, z.device, z.dtype = variant, loaded, device, template.dtype
-    z.hq, z.hkv, z.head_dim = template.num_q_heads, template.num_kv_heads, template.head_dim
-    z.q_item, z.kv_item = template.q.itemsize, template.kv.itemsize
-    z.places = z.write = None   # (filled in by the first resize: the size fields' places, the map writer)
-    e.info, e.size = z, (B, C)
+    route side) as the re-sizable entry of that route side and batch size: ``e.info`` holds what
+    ``resize`` needs, (variant, loaded kernel, template, device)."""
+    e.info, e.size = (variant, loaded, template, device), (B, C)
     return e
 
 
@@ -225,31 +231,13 @@ def key_size(key: tuple) -> tuple[int, int]:
 def resize(e: LayoutEntry, B: int, C: int, splits: int, ws, kv_ptr: int) -> None:
     """Rewrite re-sizable entry ``e`` (``make_flexible``) for batch B, capacity C and ``splits``
     (``routes.default_splits`` of B and C on the entry's route side), with workspace ``ws`` (None
-    for one split): size fields, KV tensor map (written for ``kv_ptr``), grid width, byte spans, output
-    shape. Every address is re-checked and re-patched by the next ``bind``. Call with ``e.lock`` held."""
-    z: Sizing = e.info
-    Hq, Hkv, D = z.hq, z.hkv, z.head_dim
-    q_bytes, kv_bytes = B * Hq * D * z.q_item, B * 2 * Hkv * C * D * z.kv_item
+    for one split): size fields and KV tensor map (``_write_sizes``, the map written for ``kv_ptr``),
+    grid width, byte spans, output shape. Every address is re-checked and re-patched by the next
+    ``bind``. Call with ``e.lock`` held."""
+    variant, loaded, t, device = e.info
+    spans = _spans(t, B, C)
     plan = e.plans[0]
-    args = plan.args
-    fields = _plan.size_fields(z.device, kv_bytes, B, Hkv, C, z.variant, z.loaded, splits, ws)
-    places = z.places
-    if places is None:
-        places = z.places = _places(args.sig, fields)
-    for (off, fmt), v in zip(places, fields.values()):
-        args.patch(off, fmt, v)
-    if z.variant.family.uses_tma:
-        spec = _plan.kv_spec(z.dtype, kv_ptr, B, Hkv, C, D, z.variant.tiling.tok)
-        write = z.write
-        if write is None:
-            write = z.write = class_writer(spec)
-        # a dense member's map always passes validate_tiled (16-byte strides, dims and strides in range)
-        encoded = None if write is None else write(kv_ptr, spec.dims, spec.strides)
-        if encoded is None:
-            encoded = encode_tiled(spec)
-        args.set("kv_map", encoded)
-        e.tmaps = (TmapSlot(0, "kv_map", 1, spec, encoded),)
-    plan.set_grid_x(_routes.launch_geometry(z.variant, B, Hkv, splits)[0][0])
-    e.spans = ((0, q_bytes), (0, kv_bytes), (0, 4 * B), (0, q_bytes))
-    e.out_shape, e.keep, e.size = (B, Hq, D), (ws,), (B, C)
+    e.tmaps = _write_sizes(plan.args, variant, loaded, t, B, C, splits, ws, kv_ptr, device, spans[1][1])
+    plan.set_grid_x(_routes.launch_geometry(variant, B, t.num_kv_heads, splits)[0][0])
+    e.spans, e.out_shape, e.keep, e.size = spans, (B, t.num_q_heads, t.head_dim), (ws,), (B, C)
     e.forget_addresses()

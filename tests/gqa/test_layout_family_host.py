@@ -274,9 +274,9 @@ def _plain_field_map(spec) -> bytes:
 
 
 def test_a_resized_entry_writes_its_map_from_the_learned_class(stubbed, monkeypatch):
-    """With the KV map class learned (runtime.tmap_geometry), a re-size writes the map directly
-    (``tensormap.class_writer``): the bytes the driver-like encoder gives for the member's geometry,
-    and launches equal to the full path's."""
+    """With the KV map class learned (runtime.tmap_geometry), members' maps are written directly
+    (``tensormap.class_writer``: no ``encode_tiled``, copied and re-sized entries alike): the bytes the
+    driver-like encoder gives for the member's geometry, and launches equal to the full path's."""
     from gqadrv.runtime import tmap_geometry
 
     launched = stubbed
@@ -291,11 +291,14 @@ def test_a_resized_entry_writes_its_map_from_the_learned_class(stubbed, monkeypa
     api._layouts.clear()
     fam.families.clear()
     _decode(_tensors(2, 1024))
+    encoded = []
+    monkeypatch.setattr(fam, "encode_tiled", lambda spec: encoded.append(spec) or tensormap.encode_tiled(spec))
     for t, w in zip(members, want):
         _decode(t)
         assert launched[-1] == w
+    assert encoded == []                                          # the class was learned: every map written
     flex = fam.families.values()[0].flex[((False, False), 1)]
-    assert flex.info.write is not None                            # the class was learned: maps written
+    assert flex.size == (1, 20000)                                # re-sized from C 4096
     (slot,) = flex.tmaps
     assert slot.encoded == _plain_field_map(slot.spec)
     assert slot.spec.dims == (128, 20000, 8, 2)
