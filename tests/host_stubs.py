@@ -52,6 +52,8 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
 
     loaded = types.SimpleNamespace(kernel=Kernel(), ctas_per_sm=1, arch="sm_90a")
     mp.setattr(kernels, "load", lambda variant, device: loaded)
+    # an H100 / H200 runs 16 clusters of 2..8 CTAs of the TMA kernel at once (cuOccupancyMaxActiveClusters)
+    mp.setattr(kernels, "max_active_clusters", lambda loaded, size, smem, block, device: 16)
     mp.setattr(merge, "load", lambda variant, device: loaded)
     mp.setattr(driver, "device_scope", lambda device: contextlib.nullcontext())
     mp.setattr(tensormap, "_encode", lambda spec: bytes(16) + spec.address.to_bytes(8, "little") + bytes(104))
@@ -76,10 +78,11 @@ def stub_gpu(mp: pytest.MonkeyPatch) -> None:
 
         class CUlaunchAttribute:
             def __init__(self):
-                self.value, self.id = types.SimpleNamespace(), 0
+                self.value, self.id = types.SimpleNamespace(clusterDim=types.SimpleNamespace()), 0
 
         class CUlaunchAttributeID:
             CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1
+            CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 
         cuLaunchKernelEx = None
 

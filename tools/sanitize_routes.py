@@ -8,7 +8,7 @@ merge_state alone; ``--gqa-only``: the contiguous GQA routes and the proof kerne
 (--report-api-errors no: cuda.bindings probes driver entry points with cuGetProcAddress, and the
  ones an older driver lacks would otherwise be listed as API errors; device errors are unaffected.)
 
-Routes: short, TMA (1 split and 3 splits), portable (1 and 3 splits), with lengths that include
+Routes: short, TMA (1 split; 3 and 8 splits, merged in clusters), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
 and, on the 656-byte FP8 cache, seesaw_fp8, narrow16_fp8, wide64_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
@@ -55,7 +55,7 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     bad = 0
-    runs = [("short", None, 48, 1), ("tma", None, 300, 1), ("tma-split", None, 300, 3),
+    runs = [("short", None, 48, 1), ("tma", None, 300, 1), ("tma-split", None, 300, 3), ("tma-split8", None, 1100, 8),
             ("portable", "portable", 300, 1), ("portable-split", "portable", 300, 3)]
     if "--mla-only" in sys.argv[1:]:
         return 1 if _mla_routes(cp, gqadrv, rng) else 0
@@ -82,7 +82,8 @@ def main() -> int:
             err = float(np.max(np.abs(cp.asnumpy(got).astype(np.float64) - ref)))
             ok = err < 2e-2
             bad += not ok
-            print(f"{name:15s} {label:12s} route={p.route} splits={p.num_splits} max err {err:.2e} {'OK' if ok else 'FAIL'}")
+            print(f"{name:15s} {label:12s} route={p.route} splits={p.num_splits} cluster={p._plans[0].cluster} "
+                  f"max err {err:.2e} {'OK' if ok else 'FAIL'}")
     if "--gqa-only" not in sys.argv[1:]:
         bad += _mla_routes(cp, gqadrv, rng)
         bad += _paged_routes(cp, gqadrv, rng)

@@ -6,7 +6,9 @@ first CTA's first stamp.
     python tools/trace_decode.py "1,1024,[1024]" "1,4096,[3968]" --splits 8
 Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub-tile in smem (TMA),
 4 warp 0 done, 5 warp states merged in smem, 6 epilogue stores issued, 7 ticket drawn, 9 split
-merge computed, 8 counter reset (last CTA only)."""
+merge computed, 8 counter reset (last CTA only). In a cluster launch (the split merge through
+distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 state pushed to rank 0 (kept, in
+rank 0), 7 every push landed in rank 0, 9 output stored; no 8."""
 
 import argparse
 import os
@@ -73,7 +75,8 @@ def run(text, splits, flush, cp):
                 rows.append(f"{NAMES[m]}: min {col.min() / 1000:.2f} med {np.median(col) / 1000:.2f} "
                             f"max {col.max() / 1000:.2f}")
         out[mode] = (ms, rows)
-    print(f"== {shape.label} route {variant.name} splits {ns} grid {grid[0]} smem {smem} ctas/SM {loaded.ctas_per_sm}")
+    print(f"== {shape.label} route {variant.name} splits {ns} grid {grid[0]} smem {smem} cluster {plan.cluster} "
+          f"ctas/SM {loaded.ctas_per_sm}")
     for mode, (us, rows) in out.items():
         print(f"   {mode}: event {us:.2f} us | " + " | ".join(rows))
 

@@ -154,7 +154,7 @@ def _family_call(facts: tuple, q, kv, lens, out, backend, private: bool = False)
         variant, loaded = _plan.route(problem, backend)
     else:  # re-size the entry of this side and B, or copy a built member's arguments with new sizes
         variant, loaded, base = built
-    splits = _routes.default_splits(variant, B, Hkv, C, _drv.device_info(dev).sm_count, loaded.ctas_per_sm)
+    splits = _plan.splits_for(variant, loaded, dev, B, Hkv, C)
     ws = None
     if splits > 1:
         ws = _workspace.pooled(dev, s, _plan.workspace_sizes_for(B, Hkv, t.group, D, splits), _plan.WORKSPACE_ZERO)
@@ -291,10 +291,11 @@ def _full_call(facts, q, kv, sequence_lengths, out, q_scale, sm_scale, stream, b
         launch_plans((plan,), problem.device)
         _remember(facts, problem, variant, loaded, plan, ws, out_ptr)
     else:
-        grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+        grid, block, smem, cluster = _plan.launch_shape(variant, loaded, problem.device, problem.batch,
+                                                        problem.num_kv_heads, splits)
         args = _plan.args_fields(problem, out_ptr, ws, 0, splits, variant, loaded)
         launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s,
-                      _plan.param_values(problem, variant, args), problem.device)
+                      _plan.param_values(problem, variant, args), problem.device, cluster=cluster)
     return out if o is None else _outputs.hand_back(o, q, s, problem.device)
 
 

@@ -197,8 +197,8 @@ def copy_member(base: LayoutEntry, variant: _routes.Variant, loaded, template: G
     with base.lock:
         args = base.plans[0].args.copy()
     tmaps = _write_sizes(args, variant, loaded, template, B, C, splits, ws, ptrs[1], device, spans[1][1])
-    grid, block, smem = _routes.launch_geometry(variant, B, template.num_kv_heads, splits)
-    plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=stream, pdl=True)
+    grid, block, smem, cluster = _plan.launch_shape(variant, loaded, device, B, template.num_kv_heads, splits)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, args, stream=stream, pdl=True, cluster=cluster)
     return base.derive((plan,), spans, tmaps, ptrs, keep=(ws,), out_shape=(B, template.num_q_heads, template.head_dim))
 
 
@@ -238,6 +238,7 @@ def resize(e: LayoutEntry, B: int, C: int, splits: int, ws, kv_ptr: int) -> None
     spans = _spans(t, B, C)
     plan = e.plans[0]
     e.tmaps = _write_sizes(plan.args, variant, loaded, t, B, C, splits, ws, kv_ptr, device, spans[1][1])
-    plan.set_grid_x(_routes.launch_geometry(variant, B, t.num_kv_heads, splits)[0][0])
+    grid, _block, smem, cluster = _plan.launch_shape(variant, loaded, device, B, t.num_kv_heads, splits)
+    plan.reshape(grid[0], smem, cluster)
     e.spans, e.out_shape, e.keep, e.size = spans, (B, t.num_q_heads, t.head_dim), (ws,), (B, C)
     e.forget_addresses()

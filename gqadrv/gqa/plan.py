@@ -22,13 +22,14 @@ from . import routes as _routes
 from .args import GQA_FLAG_L2_EVICT_FIRST, GQA_FLAG_L2_PREFETCH
 from .contract import GqaProblem
 
-__all__ = ["args_fields", "build_launch", "default_splits", "flags_for", "kv_spec", "kv_tensor_map",
+__all__ = ["args_fields", "build_launch", "default_splits", "flags_for", "kv_spec", "kv_tensor_map", "launch_shape", "splits_for",
            "kv_tensor_spec", "param_values", "route", "route_side", "scale_log2", "size_fields", "workspace_sizes",
            "workspace_sizes_for", "WORKSPACE_ZERO"]
 
 _LN2 = math.log(2.0)
 _routes_cache = BoundedMap(1024)
 _tmaps = BoundedMap(512)
+_splits = BoundedMap(4096)  # splits_for: (variant, device, B, Hkv, C, switch) -> count
 
 WORKSPACE_ZERO = ("counters",)  # counters must be zero before the first launch; the kernels keep them so
 
@@ -55,9 +56,26 @@ def route(problem: GqaProblem, backend: str | None) -> tuple[_routes.Variant, Lo
 
 
 def default_splits(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded) -> int:
-    info = _drv.device_info(problem.device)
-    return _routes.default_splits(variant, problem.batch, problem.num_kv_heads, problem.capacity, info.sm_count,
-                                  loaded.ctas_per_sm)
+    return splits_for(variant, loaded, problem.device, problem.batch, problem.num_kv_heads, problem.capacity)
+
+
+def splits_for(variant: _routes.Variant, loaded: Loaded, device: int, batch: int, num_kv_heads: int,
+               capacity: int) -> int:
+    """The default split count: ``routes.default_splits`` (the ticket merge's count), then
+    ``routes.cluster_splits`` where the splits may merge in a cluster (residency from
+    cuOccupancyMaxActiveClusters with the receive area added)."""
+    key = (variant, device, batch, num_kv_heads, capacity, os.environ.get("GQADRV_CLUSTER_MERGE"))
+    hit = _splits.get(key)
+    if hit is not None:
+        return hit
+    info = _drv.device_info(device)
+    splits = _routes.default_splits(variant, batch, num_kv_heads, capacity, info.sm_count, loaded.ctas_per_sm)
+    if splits >= 2 and _routes.cluster_merge_applies(variant, 2):
+        _grid, block, smem = _routes.launch_geometry(variant, batch, num_kv_heads, 1)
+        csmem = smem + _routes.cluster_recv_bytes(variant)
+        splits = _routes.cluster_splits(variant, batch, num_kv_heads, capacity, splits,
+                                        lambda S: _kernels.max_active_clusters(loaded, S, csmem, block, device))
+    return _splits.put(key, splits)
 
 
 def workspace_sizes(problem: GqaProblem, splits: int) -> dict:
@@ -148,10 +166,25 @@ def param_values(problem: GqaProblem, variant: _routes.Variant, args: dict) -> t
     return (args,)
 
 
+def launch_shape(variant: _routes.Variant, loaded: Loaded, device: int, batch: int, num_kv_heads: int,
+                 splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int, tuple[int, int, int] | None]:
+    """(grid, block, dynamic smem, cluster dims or None) of a launch: ``routes.launch_geometry``,
+    as clusters of ``splits`` CTAs with the receive area added when the splits merge in a cluster
+    (``routes.cluster_merge_applies`` and every (batch, KV head) cluster resident at once, per
+    cuOccupancyMaxActiveClusters: a second wave of clusters would wait for the first)."""
+    grid, block, smem = _routes.launch_geometry(variant, batch, num_kv_heads, splits)
+    if _routes.cluster_merge_applies(variant, splits):
+        csmem = smem + _routes.cluster_recv_bytes(variant)
+        if batch * num_kv_heads <= _kernels.max_active_clusters(loaded, splits, csmem, block, device):
+            return grid, block, csmem, (splits, 1, 1)
+    return grid, block, smem, None
+
+
 def build_launch(problem: GqaProblem, variant: _routes.Variant, loaded: Loaded, *, out_ptr: int,
                  ws: Workspace | None, status_ptr: int, splits: int, stream: int) -> LaunchPlan:
-    """A ready ``LaunchPlan`` (PDL on) for one decode: grid B*Hkv*splits."""
-    grid, block, smem = _routes.launch_geometry(variant, problem.batch, problem.num_kv_heads, splits)
+    """A ready ``LaunchPlan`` (PDL on) for one decode: grid B*Hkv*splits (``launch_shape``)."""
+    grid, block, smem, cluster = launch_shape(variant, loaded, problem.device, problem.batch, problem.num_kv_heads,
+                                              splits)
     args = args_fields(problem, out_ptr, ws, status_ptr, splits, variant, loaded)
     pack = ArgPack(variant.family.signature).pack(*param_values(problem, variant, args))
-    return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True)
+    return LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=stream, pdl=True, cluster=cluster)

@@ -30,6 +30,9 @@ __all__ = [
     "Tiling",
     "Variant",
     "backend_for_cc",
+    "cluster_merge_applies",
+    "cluster_recv_bytes",
+    "cluster_splits",
     "default_splits",
     "launch_geometry",
     "l2_prefetch_pays",
@@ -101,7 +104,7 @@ BACKEND_FAMILIES = {
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
-              "GQADRV_KV8_T")
+              "GQADRV_KV8_T", "GQADRV_CLUSTER_MERGE")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -406,6 +409,58 @@ def variants_for_arch(arch: str) -> list[Variant]:
 def launch_geometry(variant: Variant, batch: int, num_kv_heads: int, num_splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """(grid, block, dynamic smem bytes): one CTA per (batch, KV head, split)."""
     return (batch * num_kv_heads * num_splits, 1, 1), variant.block, variant.dynamic_smem
+
+
+# The split merge through distributed shared memory (kernels/gqa/common/cluster_merge.cuh): a TMA
+# launch of S = 2..CLUSTER_MERGE_MAX splits runs as clusters of S CTAs, whose rank 0 receives the
+# others' states in a merge area of CLUSTER_MERGE_MAX slots past the ring (cluster_recv_bytes).
+CLUSTER_MERGE_MAX = 8          # CLUSTER_MERGE_MAX of cluster_merge.cuh: the largest portable cluster
+CLUSTER_MERGE_MAX_HEAD_DIM = 128  # CLUSTER_MERGE of decode_tma.cu (the D 256 builds leave it out)
+
+
+def cluster_recv_bytes(variant: Variant) -> int:
+    """Bytes of the cluster merge's receive area (RecvArea::BYTES): CLUSTER_MERGE_MAX states of
+    ``variant.rows`` rows, {max, denominator} and numerators with the merge area's row stride."""
+    n, r = CLUSTER_MERGE_MAX, variant.rows
+    return (n * r * 2 + n * r * (variant.head_dim + STATE_ROW_PAD)) * 4
+
+
+def cluster_merge_applies(variant: Variant, splits: int) -> bool:
+    """Whether a launch of ``variant`` with ``splits`` splits may merge them in a cluster: the TMA
+    family (sm_90 build), head dim <= 128, 2..CLUSTER_MERGE_MAX splits, and ring plus receive area
+    within the shared-memory opt-in. GQADRV_CLUSTER_MERGE=0 turns it off (tuning only). Whether
+    the clusters run in one wave is the caller's second condition (plan.launch_shape)."""
+    if variant.family.name != "tma" or variant.head_dim > CLUSTER_MERGE_MAX_HEAD_DIM:
+        return False
+    if not 2 <= splits <= CLUSTER_MERGE_MAX or os.environ.get("GQADRV_CLUSTER_MERGE", "1") == "0":
+        return False
+    return variant.dynamic_smem + cluster_recv_bytes(variant) <= ARCH_SMEM_OPTIN["sm_90a"]
+
+
+def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, splits: int, fits) -> int:
+    """The split count when the splits may merge in a cluster: ``splits`` is the ticket-merge count
+    of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once. Among the
+    cluster sizes S <= min(splits, CLUSTER_MERGE_MAX) whose (batch, KV head) clusters are all
+    resident, take the one with the fewest sub-tile rounds per CTA (ties: the smaller S), if it
+    streams at most one round more per CTA than the ticket count; otherwise keep ``splits``.
+    Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster split merge"): B1 C1024 8
+    splits 4.3-4.5 in clusters vs 4.9 with the ticket; B1 C2048 8 in clusters 5.3-5.4 vs 16 with
+    the ticket 5.7-5.8; B2 C1024 4 in clusters 4.7-4.9 vs 8 with the ticket 5.4 (16 clusters of 8
+    do not fit); B1 C4096 8 in clusters (4 rounds) 7.0-7.1 vs 16 with the ticket (2 rounds) 6.8-6.9."""
+    if splits < 2:
+        return splits
+    rounds = sub_tile_rounds(variant, capacity)
+    bh = batch * num_kv_heads
+    best = None
+    for S in range(2, min(splits, CLUSTER_MERGE_MAX) + 1):
+        if not cluster_merge_applies(variant, S) or bh > fits(S):
+            continue
+        per = -(-rounds // S)
+        if best is None or per < best[0]:
+            best = (per, S)
+    if best is None or best[0] > -(-rounds // splits) + 1:
+        return splits
+    return best[1]
 
 
 def sub_tile_rounds(variant: Variant, capacity: int) -> int:

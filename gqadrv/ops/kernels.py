@@ -11,7 +11,7 @@ from ..runtime.compiler import arch_for_cc, compile_module
 from ..runtime.module import Kernel, load_library
 from .bounded import BoundedMap
 
-__all__ = ["Loaded", "load"]
+__all__ = ["Loaded", "load", "max_active_clusters"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,3 +47,32 @@ def _load(variant, device: int) -> Loaded:
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         )
     return Loaded(k, arch, max(1, int(occ)))
+
+
+_clusters = BoundedMap(1024)
+
+
+def max_active_clusters(loaded: Loaded, size: int, smem: int, block: tuple[int, int, int], device: int) -> int:
+    """How many clusters of ``size`` CTAs (along x) of ``loaded``'s kernel with ``smem`` bytes of
+    dynamic shared memory the device runs at once (cuOccupancyMaxActiveClusters; clusters live in
+    one GPC, so this is less than SMs / size when GPCs have SMs left over). 0 when the driver says
+    the configuration cannot run. Cached per (kernel, size, smem, block)."""
+    key = (loaded.kernel.function_int, size, smem, block)
+    hit = _clusters.get(key)
+    if hit is not None:
+        return hit
+    drv = _drv.driver()
+    loaded.kernel.ensure_dynamic_smem(smem)
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = size, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = smem
+    a = drv.CUlaunchAttribute()
+    a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = size, 1, 1
+    cfg.attrs = [a]
+    cfg.numAttrs = 1
+    with _drv.device_scope(device):
+        err, n = drv.cuOccupancyMaxActiveClusters(loaded.kernel.function, cfg)
+    n = int(n) if not int(err) else 0
+    return _clusters.put(key, n)

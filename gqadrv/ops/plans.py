@@ -18,14 +18,15 @@ _lock = threading.Lock()
 
 
 def launch_packed(kernel: Kernel, grid: tuple, block: tuple, smem: int, signature: Signature, stream: int,
-                  values: tuple, device: int, pdl: bool = True) -> None:
+                  values: tuple, device: int, pdl: bool = True, cluster: tuple | None = None) -> None:
     """Pack ``values`` (one per parameter of ``signature``) into the cached plan and launch it on
     ``stream`` (with the device's context current in processes that see several GPUs)."""
-    key = (kernel.function_int, grid, block, smem, stream)
+    key = (kernel.function_int, grid, block, smem, stream, cluster)
     with _lock:
         plan = _plans.get(key)
         if plan is None:
-            plan = _plans.put(key, LaunchPlan(kernel, grid, block, smem, ArgPack(signature), stream=stream, pdl=pdl))
+            plan = _plans.put(key, LaunchPlan(kernel, grid, block, smem, ArgPack(signature), stream=stream, pdl=pdl,
+                                              cluster=cluster))
         plan.args.pack(*values)
         if _drv.multi_device():
             with _drv.device_scope(device):

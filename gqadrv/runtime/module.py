@@ -311,7 +311,7 @@ class LaunchPlan:
         kernel.ensure_dynamic_smem(smem)
         self.kernel = kernel
         self.grid, self.block, self.smem, self.args = tuple(grid), tuple(block), int(smem), args
-        self.pdl, self.cluster = bool(pdl), cluster
+        self.pdl, self.cluster = bool(pdl), None if cluster is None else tuple(cluster)
         cfg = drv.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
@@ -340,6 +340,26 @@ class LaunchPlan:
         if n != self.grid[0]:
             self._cfg.gridDimX = n
             self.grid = (n,) + self.grid[1:]
+
+    def reshape(self, grid_x: int, smem: int, cluster: tuple[int, int, int] | None) -> None:
+        """Another grid width, dynamic shared-memory size and cluster shape (a layout entry re-sized
+        for another split count, whose launch may switch between the ticket and the cluster merge)."""
+        if grid_x < 1:
+            raise ValueError(f"launch of {self.kernel.name}: grid.x {grid_x} must be positive")
+        cluster = None if cluster is None else tuple(cluster)
+        if cluster is not None and grid_x % cluster[0]:
+            raise ValueError(f"launch of {self.kernel.name}: grid.x {grid_x} is not a multiple of cluster.x {cluster[0]}")
+        if smem != self.smem:
+            self.kernel.ensure_dynamic_smem(smem)
+            self._cfg.sharedMemBytes = self.smem = int(smem)
+        if cluster != self.cluster:
+            attrs = _launch_attributes(_drv.driver(), self.pdl, cluster)
+            self._cfg.attrs = attrs
+            self._cfg.numAttrs = len(attrs)
+            self._attrs, self.cluster = attrs, cluster
+        if grid_x != self.grid[0]:
+            self._cfg.gridDimX = grid_x
+            self.grid = (grid_x,) + self.grid[1:]
 
     @property
     def stream(self) -> int:

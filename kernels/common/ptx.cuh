@@ -211,6 +211,39 @@ GQADRV_DEVICE void mbar_wait(u32 bar, u32 parity) {
       "r"(parity)
       : "memory");
 }
+// ---- thread-block clusters (distributed shared memory)
+// Rank of this CTA in its cluster and the cluster's CTA count (1 for a launch without clusters).
+GQADRV_DEVICE u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+GQADRV_DEVICE u32 cluster_nctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+// Cluster barrier halves; every thread of every CTA of the cluster arrives once, convergent per warp.
+// The relaxed arrive orders nothing by itself: the mbarrier inits it publishes are released by
+// fence_mbarrier_init (release.cluster) before it, and the wait acquires.
+GQADRV_DEVICE void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+GQADRV_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+// The shared::cluster address of shared::cta address `addr` in the CTA of cluster rank `rank`.
+GQADRV_DEVICE u32 map_shared_rank(u32 addr, u32 rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// One-way stores into another CTA's shared memory (shared::cluster addresses from map_shared_rank),
+// each completing its bytes on the mbarrier `bar` of that CTA (also a shared::cluster address).
+GQADRV_DEVICE void st_async_v4(u32 addr, U32x4 v, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar) : "memory");
+}
+GQADRV_DEVICE void st_async_v2(u32 addr, u32 a, u32 b, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
+               ::"r"(addr), "r"(a), "r"(b), "r"(bar) : "memory");
+}
 GQADRV_DEVICE void tma_prefetch_desc(const TmaDesc* desc) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(desc) : "memory");
 }

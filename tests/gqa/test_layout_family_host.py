@@ -24,12 +24,12 @@ from tests.host_stubs import FakeT, stub_gpu
 @pytest.fixture
 def stubbed(monkeypatch):
     """The stubbed GPU, an encoder of the geometry, empty caches, and the list of launches made
-    (kernel name, grid, block, smem, stream, argument bytes)."""
+    (kernel name, grid, block, smem, cluster, stream, argument bytes)."""
     stub_gpu(monkeypatch)
     monkeypatch.setattr(tensormap, "_encode", plain_tensor_map)
     launched = []
     monkeypatch.setattr(module.LaunchPlan, "launch", lambda self, stream=None: launched.append(
-        (self.kernel.name, self.grid, self.block, self.smem, self.stream, self.args.bytes())))
+        (self.kernel.name, self.grid, self.block, self.smem, self.cluster, self.stream, self.args.bytes())))
     monkeypatch.setattr(api, "_layouts", layouts.LayoutCache(64))
     monkeypatch.setattr(fam, "families", fam.BoundedMap(16))
     monkeypatch.setattr(plan, "_tmaps", plan.BoundedMap(64))   # maps of another test's encoder
@@ -201,10 +201,12 @@ def test_families_keep_no_tensor_alive(stubbed):
 
 
 
-# the (route side, B) of each member of RESIZED: C 1000, 4096, 32768, 20000, 1500 at B 1 (one, 16, 16, 16, 12
-# splits: grid and workspace change) and 2; the short side (C 48 / 64 / 1); the large-batch rule (B 40)
-RESIZED = [(2, 1000), (1, 4096), (1, 32768), (3, 48), (3, 64), (1, 1500), (40, 512), (2, 333), (40, 700), (3, 1),
-           (1, 20000), (1, 300)]
+# the (route side, B) of each member of RESIZED: C 4096, 32768, 700, 1500, 20000, 300, 1000 at B 1 (16, 16,
+# 6, 6, 16, 1 and 8 splits: grid and workspace change, and the launch moves between the ticket merge and
+# clusters of 6 or 8 CTAs with the receive area in shared memory) and C 1000 / 333 at B 2 (a cluster of 8,
+# then one split); the short side (C 48 / 64 / 1); the large-batch rule (B 40)
+RESIZED = [(2, 1000), (1, 4096), (1, 32768), (1, 700), (3, 48), (3, 64), (1, 1500), (40, 512), (2, 333), (40, 700),
+           (3, 1), (1, 20000), (1, 300), (1, 1000)]
 RESIZED_KEYS = {((False, False), 2), ((False, False), 1), ((True, False), 3), ((False, True), 40)}
 
 

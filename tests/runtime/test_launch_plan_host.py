@@ -93,3 +93,30 @@ def test_grid_width_changes_in_place(fake_driver):
         c.set_grid_x(9)
     c.set_grid_x(10)
     assert c._cfg.gridDimX == 10
+
+
+def test_reshape_switches_cluster_and_shared_memory(fake_driver):
+    """reshape (a layout entry re-sized across the cluster-merge boundary) rewrites grid.x, the
+    dynamic shared memory (opted in first) and the attributes in place, and refuses a grid that is
+    not a multiple of the new cluster."""
+    opted = []
+
+    class K(Kern):
+        def ensure_dynamic_smem(self, n):
+            opted.append(n)
+
+    p = module.LaunchPlan(K(), (16, 1, 1), (128, 1, 1), 4096, types.SimpleNamespace(address=0), stream=7, pdl=True)
+    cfg = p._cfg
+    p.reshape(64, 8192, (8, 1, 1))
+    assert p._cfg is cfg and p.grid == (64, 1, 1) and cfg.gridDimX == 64
+    assert p.smem == cfg.sharedMemBytes == 8192 and opted[-1] == 8192
+    assert p.cluster == (8, 1, 1) and [a.id for a in cfg.attrs] == [FakeDriver.PDL, FakeDriver.CLUSTER]
+    assert cfg.numAttrs == 2 and cfg.attrs[1].value.clusterDim.x == 8
+    p.reshape(128, 4096, None)
+    assert p.cluster is None and [a.id for a in cfg.attrs] == [FakeDriver.PDL] and cfg.numAttrs == 1
+    assert p.smem == cfg.sharedMemBytes == 4096 and p.grid == (128, 1, 1)
+    with pytest.raises(ValueError, match="multiple of cluster"):
+        p.reshape(12, 8192, (8, 1, 1))
+    assert p.cluster is None and p.grid == (128, 1, 1) and p.smem == 4096  # nothing changed
+    with pytest.raises(ValueError, match="positive"):
+        p.reshape(0, 4096, None)

@@ -70,6 +70,36 @@ GQADRV_DEVICE float state_lse(float m, float l) {
   return l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : __int_as_float(0x7f800000);
 }
 
+// Merge item (row, the 8 dims from d0) over the W softmax states in `area` (a MergeArea) into M, den
+// and acc, which the caller sets to -inf, 0 and zeros: common maximum, denominator and numerators
+// (unnormalised), unchanged when every state is empty. States with m = -inf are skipped (their
+// numerators are never read).
+template <int D, int ROWS, int W>
+GQADRV_DEVICE void merge_area_item(u8* area, int row, int d0, float& M, float& den, float (&acc)[8]) {
+  using MA = MergeArea<D, ROWS, W>;
+#pragma unroll
+  for (int w = 0; w < W; ++w) M = fmaxf(M, MA::ml(area, w)[2 * row]);
+  if (M != neg_inf()) {
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const float mw = MA::ml(area, w)[2 * row];
+      if (mw == neg_inf()) continue;
+      const float wt = softmax_weight(mw, M);
+      den += wt * MA::ml(area, w)[2 * row + 1];
+      const U32x4* src = reinterpret_cast<const U32x4*>(MA::os(area, w) + row * MA::STRIDE + d0);
+      const U32x4 lo = src[0], hi = src[1];
+      acc[0] += wt * __uint_as_float(lo.x);
+      acc[1] += wt * __uint_as_float(lo.y);
+      acc[2] += wt * __uint_as_float(lo.z);
+      acc[3] += wt * __uint_as_float(lo.w);
+      acc[4] += wt * __uint_as_float(hi.x);
+      acc[5] += wt * __uint_as_float(hi.y);
+      acc[6] += wt * __uint_as_float(hi.z);
+      acc[7] += wt * __uint_as_float(hi.w);
+    }
+  }
+}
+
 // Merge the W softmax states in `area` (W = states, e.g. one per warp), then either store the
 // normalised output (one split) or this split's partial and take part in the last-CTA merge. Must
 // be called by all NTHREADS threads of the CTA after a __syncthreads() that follows every
@@ -77,7 +107,6 @@ GQADRV_DEVICE float state_lse(float m, float l) {
 // (num_splits == 1 always, routes.Family.splittable) pass SPLITS = false: no merge is compiled.
 template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true, bool MULTI = false>
 GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_ticket) {
-  using MA = MergeArea<D, ROWS, W>;
   constexpr int D8 = D / 8;
   const int tid = threadIdx.x;
   const int group = tg.rows;
@@ -86,30 +115,8 @@ GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_
 
   for (int it = tid; it < items; it += NTHREADS) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
-    float M = neg_inf();
-#pragma unroll
-    for (int w = 0; w < W; ++w) M = fmaxf(M, MA::ml(area, w)[2 * row]);
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    float den = 0.f;
-    if (M != neg_inf()) {
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float mw = MA::ml(area, w)[2 * row];
-        if (mw == neg_inf()) continue;
-        const float wt = softmax_weight(mw, M);
-        den += wt * MA::ml(area, w)[2 * row + 1];
-        const U32x4* src = reinterpret_cast<const U32x4*>(MA::os(area, w) + row * MA::STRIDE + d0);
-        const U32x4 lo = src[0], hi = src[1];
-        acc[0] += wt * __uint_as_float(lo.x);
-        acc[1] += wt * __uint_as_float(lo.y);
-        acc[2] += wt * __uint_as_float(lo.z);
-        acc[3] += wt * __uint_as_float(lo.w);
-        acc[4] += wt * __uint_as_float(hi.x);
-        acc[5] += wt * __uint_as_float(hi.y);
-        acc[6] += wt * __uint_as_float(hi.z);
-        acc[7] += wt * __uint_as_float(hi.w);
-      }
-    }
+    float M = neg_inf(), den = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    merge_area_item<D, ROWS, W>(area, row, d0, M, den, acc);
     if (S == 1) {
       const float inv = den > 0.f ? 1.f / den : 0.f;
       const long long orow = target_row<MULTI>(tg, row);

@@ -17,11 +17,16 @@
 //            after the loop the same bytes hold the per-warp states (MergeArea) and then the
 //            split-merge scratch; mbarriers full[W][STAGES] and the query rows s_q[ROWS][D]
 //            (cp.async, padding rows zero-filled) are static shared memory.
+//            Cluster launches add rank 0's receive area past the ring (RecvArea, cluster_merge.cuh).
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*D/64 TMA boxes complete it;
 //            parity = (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by the same
 //            lane 0 after __syncwarp + fence.proxy.async (its readers are its own warp).
 //            __syncthreads once Q has landed (cp.async.wait_group 0), before the warp-state merge
 //            (cta_finish_and_epilogue); split ticket: see cta_epilogue in gqa/common/cta.cuh.
+// Splits     a plain launch merges S > 1 splits through the split workspace and the ticket
+//            (cta.cuh); a launch with clusters of S = num_splits CTAs (2..8, D <= 128; the host
+//            decides, gqa/plan.launch_shape) merges them in rank 0's shared memory instead: recv_bar
+//            and one cluster barrier, see gqa/common/cluster_merge.cuh.
 // L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
 //            prefetches into L2 the first STAGES sub-tiles it would own if len == C, when the host
 //            sets GQA_FLAG_L2_PREFETCH (one wave of long streams; GQA_PREFETCH=0 compiles it out);
@@ -33,12 +38,18 @@
 //            are released once all loads of this CTA are issued.
 #include "../common/config.cuh"
 #include "../common/cta.cuh"
+#include "../common/cluster_merge.cuh"
 
 namespace {
 constexpr int DT = GQA_DT, D = GQA_D, ROWS = GQA_ROWS, W = GQA_WARPS, TOK = GQA_TOK,
               STAGES = GQA_STAGES;
 constexpr int NB = D / 64;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
+constexpr u32 RING_BYTES = (u32)W * STAGES * SLOT_BYTES;
+using RA = RecvArea<D, ROWS, W, RING_BYTES>;
+// The cluster merge is built for D <= 128 (routes.cluster_merge_fits): the D = 256 builds hold 255
+// registers and would spill on sm_100a / sm_110a.
+constexpr bool CLUSTER_MERGE = D <= 128;
 #ifndef GQA_PREFETCH
 #define GQA_PREFETCH 1
 #endif
@@ -49,10 +60,20 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   extern __shared__ __align__(1024) u8 smem[];
   __shared__ __align__(8) u64 full_bar[W][STAGES];
   __shared__ u32 s_ticket;
+  __shared__ __align__(8) u64 recv_bar;  // cluster launches: the split merge's receive barrier (rank 0)
   __shared__ __align__(16) u16 s_q[ROWS * D];  // this CTA's query rows, padding rows zero
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  // Cluster launches (S = num_splits CTAs of one (batch, KV head), rank = split) merge the splits in
+  // rank 0's shared memory (cluster_merge.cuh); the host sizes the receive area (a launch whose
+  // cluster or shared memory does not match traps instead of writing out of bounds).
+  const u32 ncl_launch = cluster_nctarank();
+  if (ncl_launch > 1 && threadIdx.x == 0 &&
+      (!CLUSTER_MERGE || ncl_launch != (u32)args.num_splits || ncl_launch > (u32)CLUSTER_MERGE_MAX ||
+       dynamic_smem_bytes() < RA::OFFSET + RA::BYTES))
+    __trap();
+  const u32 ncl = CLUSTER_MERGE ? ncl_launch : 1u, crank = ncl > 1 ? cluster_ctarank() : 0u;
   // This warp's sub-tiles under the capacity-based split (no memory reads: usable before the
   // length is known); used by the L2 prefetch and the speculative ring fill.
   const int split0 = blockIdx.x % args.num_splits, bh0 = blockIdx.x / args.num_splits;
@@ -65,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(&full_bar[warp][s]), 1);
+    if (warp == 0 && ncl > 1) cluster_recv_init(smem_u32(&recv_bar), crank, ncl, args.group, D);
     fence_mbarrier_init();
     if (warp == 0) tma_prefetch_desc(&kv_map);
 #if GQA_PREFETCH
@@ -81,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 #endif
   }
   __syncwarp();
+  if (ncl > 1) cluster_arrive_relaxed();  // after the inits: see cluster_merge.cuh
   GQA_MARK(args, 0);
   pdl_wait();
   GQA_MARK(args, 1);
@@ -157,5 +180,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   // Kept speculative loads beyond the real sub-tile count: let them land before smem is reused.
   if (keep)
     for (int i = count; i < spec; ++i) mbar_wait(smem_u32(&full_bar[warp][i]), 0u);
-  cta_finish_and_epilogue<W>(dec, args, sc, smem, &s_ticket, warp);  // the rings become the merge area
+  if (ncl > 1)
+    cta_finish_cluster<W, DT, D, ROWS, TOK, RING_BYTES>(dec, args, sc, smem, smem_u32(&recv_bar), warp, crank, ncl);
+  else
+    cta_finish_and_epilogue<W>(dec, args, sc, smem, &s_ticket, warp);  // the rings become the merge area
 }

@@ -1,0 +1,117 @@
+"""The cluster split merge's host rules on the CPU (kernels/gqa/common/cluster_merge.cuh): which
+launches merge their splits in a cluster, the receive area the host adds to the shared memory (the
+kernel's RecvArea), and the launch shape every GQA launch path takes from ``plan.launch_shape``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gqadrv.gqa import contract, plan, routes
+from gqadrv.ops import kernels
+from tests.host_stubs import stub_gpu
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+
+
+def _variant(family="tma", D=128, rows=8, dtype="float16"):
+    return routes.Variant(routes.FAMILIES[family], dtype, D, rows, routes.tiling_for(family, D),
+                          routes.switches_for(family))
+
+
+def test_receive_area_matches_the_kernel():
+    src = (KERNELS / "gqa/common/cluster_merge.cuh").read_text()
+    assert int(re.search(r"constexpr int CLUSTER_MERGE_MAX = (\d+);", src).group(1)) == routes.CLUSTER_MERGE_MAX
+    assert "using Slots = MergeArea<D, ROWS, CLUSTER_MERGE_MAX>;" in src
+    tma = (KERNELS / "gqa/sm90/decode_tma.cu").read_text()
+    assert f"constexpr bool CLUSTER_MERGE = D <= {routes.CLUSTER_MERGE_MAX_HEAD_DIM};" in tma
+    # MergeArea<D, ROWS, 8>: {m, l} of 8 x ROWS rows, then 8 x ROWS rows of D + STATE_ROW_PAD floats
+    assert contract.STATE_ROW_PAD == 8
+    assert routes.cluster_recv_bytes(_variant(D=128, rows=8)) == (8 * 8 * 2 + 8 * 8 * 136) * 4
+    assert routes.cluster_recv_bytes(_variant(D=64, rows=16)) == (8 * 16 * 2 + 8 * 16 * 72) * 4
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("rows", [8, 16])
+def test_which_launches_merge_in_a_cluster(monkeypatch, D, rows):
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = _variant(D=D, rows=rows)
+    assert v.dynamic_smem + routes.cluster_recv_bytes(v) <= routes.ARCH_SMEM_OPTIN["sm_90a"]
+    assert [s for s in range(1, 20) if routes.cluster_merge_applies(v, s)] == list(range(2, 9))
+    for fam in ("portable", "short"):
+        assert not routes.cluster_merge_applies(_variant(fam, D=D, rows=rows), 4)
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")
+    assert not routes.cluster_merge_applies(v, 4)
+
+
+def test_head_dim_256_keeps_the_ticket():
+    for rows in (8, 16):
+        assert not any(routes.cluster_merge_applies(_variant(D=256, rows=rows), s) for s in range(2, 9))
+
+
+def test_launch_shape_needs_every_cluster_resident(monkeypatch):
+    stub_gpu(monkeypatch)
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = _variant()
+    loaded = kernels.load(v, 0)
+    asked = []
+
+    def fits(n):
+        def f(loaded, size, smem, block, device):
+            asked.append((size, smem, block))
+            return n
+        return f
+
+    monkeypatch.setattr(kernels, "max_active_clusters", fits(16))
+    grid, block, smem, cluster = plan.launch_shape(v, loaded, 0, 1, 8, 8)
+    assert grid == (64, 1, 1) and cluster == (8, 1, 1)
+    assert smem == v.dynamic_smem + routes.cluster_recv_bytes(v)
+    assert asked[-1] == (8, smem, block)
+    # 17 (batch, KV head) clusters but 16 resident at once: the ticket merge, no receive area
+    assert plan.launch_shape(v, loaded, 0, 1, 17, 8) == ((136, 1, 1), block, v.dynamic_smem, None)
+    monkeypatch.setattr(kernels, "max_active_clusters", fits(0))
+    assert plan.launch_shape(v, loaded, 0, 1, 1, 2)[3] is None
+    monkeypatch.setattr(kernels, "max_active_clusters", fits(16))
+    for splits in (1, 16):
+        assert plan.launch_shape(v, loaded, 0, 1, 8, splits) == (
+            routes.launch_geometry(v, 1, 8, splits) + (None,))
+
+
+# clusters of S CTAs (one per SM: ring + receive area) an H100 runs at once, roughly: GPCs of 16-18 SMs
+H100_FITS = {2: 66, 3: 42, 4: 32, 5: 21, 6: 21, 7: 14, 8: 14}
+
+
+@pytest.mark.parametrize("B,C,ticket,want", [
+    (1, 1024, 8, 8),     # one round per CTA either way: clusters of 8
+    (1, 2048, 16, 8),    # 2 rounds in clusters of 8 against 1 with the ticket: clusters
+    (1, 4096, 16, 16),   # 4 rounds in clusters of 8 against 2: the ticket
+    (1, 1500, 12, 6),    # 2 rounds from 6 splits on (ties take the smaller cluster)
+    (2, 1024, 8, 4),     # 16 clusters of 8 do not fit: 2 rounds in clusters of 4
+    (4, 256, 1, 1),      # unsplit stays unsplit
+    (1, 32768, 16, 16),
+])
+def test_cluster_split_counts(monkeypatch, B, C, ticket, want):
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = _variant()
+    assert routes.default_splits(v, B, 8, C, 132, 1) == ticket
+    assert routes.cluster_splits(v, B, 8, C, ticket, H100_FITS.get) == want
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")
+    assert routes.cluster_splits(v, B, 8, C, ticket, H100_FITS.get) == ticket
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE")
+    assert routes.cluster_splits(_variant(D=256), B, 8, C, ticket, H100_FITS.get) == ticket
+
+
+def test_default_splits_of_the_plan_take_the_cluster_count(monkeypatch):
+    stub_gpu(monkeypatch)
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    monkeypatch.setattr(plan, "_splits", plan.BoundedMap(16))
+    monkeypatch.setattr(kernels, "max_active_clusters", lambda loaded, S, smem, block, device: H100_FITS[S])
+    v = _variant()
+    loaded = kernels.load(v, 0)
+    assert plan.splits_for(v, loaded, 0, 2, 8, 1024) == 4
+    assert plan.launch_shape(v, loaded, 0, 2, 8, 4)[3] == (4, 1, 1)
+    assert plan.splits_for(v, loaded, 0, 1, 8, 4096) == 16
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")   # part of the cache key
+    assert plan.splits_for(v, loaded, 0, 2, 8, 1024) == 8
