@@ -64,17 +64,15 @@ def splits_for(variant: _routes.Variant, loaded: Loaded, device: int, batch: int
     """The default split count: ``routes.default_splits`` (the ticket merge's count), then
     ``routes.cluster_splits`` where the splits may merge in a cluster (residency from
     cuOccupancyMaxActiveClusters with the receive area added)."""
-    key = (variant, device, batch, num_kv_heads, capacity, os.environ.get("GQADRV_CLUSTER_MERGE"))
+    key = (variant, device, batch, num_kv_heads, capacity, _routes.cluster_merge_switch())
     hit = _splits.get(key)
     if hit is not None:
         return hit
     info = _drv.device_info(device)
     splits = _routes.default_splits(variant, batch, num_kv_heads, capacity, info.sm_count, loaded.ctas_per_sm)
-    if splits >= 2 and _routes.cluster_merge_applies(variant, 2):
-        _grid, block, smem = _routes.launch_geometry(variant, batch, num_kv_heads, 1)
-        csmem = smem + _routes.cluster_recv_bytes(variant)
-        splits = _routes.cluster_splits(variant, batch, num_kv_heads, capacity, splits,
-                                        lambda S: _kernels.max_active_clusters(loaded, S, csmem, block, device))
+    csmem = variant.dynamic_smem + _routes.cluster_recv_bytes(variant)
+    splits = _routes.cluster_splits(variant, batch, num_kv_heads, capacity, splits,
+                                    lambda S: _kernels.max_active_clusters(loaded, S, csmem, variant.block, device))
     return _splits.put(key, splits)
 
 

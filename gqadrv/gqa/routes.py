@@ -230,6 +230,15 @@ class Variant:
     switches: tuple[tuple[str, int], ...] = ()
     kv8: bool = False   # e4m3 caches (GQA_KV8; E4M3_FAMILIES only)
 
+    def __hash__(self) -> int:
+        # the fields' hash, computed once: variants key the route, kernel, split and geometry caches
+        # of every call path, and hashing the nested frozen dataclasses costs ~1 us each time
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.family, self.dtype, self.head_dim, self.rows, self.tiling, self.switches, self.kv8))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def name(self) -> str:
         t = self.tiling
@@ -418,6 +427,7 @@ CLUSTER_MERGE_MAX = 8          # CLUSTER_MERGE_MAX of cluster_merge.cuh: the lar
 CLUSTER_MERGE_MAX_HEAD_DIM = 128  # CLUSTER_MERGE of decode_tma.cu (the D 256 builds leave it out)
 
 
+@functools.lru_cache(maxsize=1024)
 def cluster_recv_bytes(variant: Variant) -> int:
     """Bytes of the cluster merge's receive area (RecvArea::BYTES): CLUSTER_MERGE_MAX states of
     ``variant.rows`` rows, {max, denominator} and numerators with the merge area's row stride."""
@@ -425,42 +435,53 @@ def cluster_recv_bytes(variant: Variant) -> int:
     return (n * r * 2 + n * r * (variant.head_dim + STATE_ROW_PAD)) * 4
 
 
+@functools.lru_cache(maxsize=1024)
+def _cluster_capable(variant: Variant) -> bool:
+    """The TMA family (sm_90 build), head dim <= 128, ring plus receive area within the opt-in."""
+    return (variant.family.name == "tma" and variant.head_dim <= CLUSTER_MERGE_MAX_HEAD_DIM
+            and variant.dynamic_smem + cluster_recv_bytes(variant) <= ARCH_SMEM_OPTIN["sm_90a"])
+
+
 def cluster_merge_applies(variant: Variant, splits: int) -> bool:
     """Whether a launch of ``variant`` with ``splits`` splits may merge them in a cluster: the TMA
     family (sm_90 build), head dim <= 128, 2..CLUSTER_MERGE_MAX splits, and ring plus receive area
     within the shared-memory opt-in. GQADRV_CLUSTER_MERGE=0 turns it off (tuning only). Whether
     the clusters run in one wave is the caller's second condition (plan.launch_shape)."""
-    if variant.family.name != "tma" or variant.head_dim > CLUSTER_MERGE_MAX_HEAD_DIM:
-        return False
-    if not 2 <= splits <= CLUSTER_MERGE_MAX or os.environ.get("GQADRV_CLUSTER_MERGE", "1") == "0":
-        return False
-    return variant.dynamic_smem + cluster_recv_bytes(variant) <= ARCH_SMEM_OPTIN["sm_90a"]
+    return 2 <= splits <= CLUSTER_MERGE_MAX and _cluster_capable(variant) and cluster_merge_switch() != "0"
+
+
+def cluster_merge_switch() -> str | None:
+    """GQADRV_CLUSTER_MERGE as set (None when unset), read without the per-call encode / decode of
+    os.environ where its bytes mapping is at hand (see tuning_env)."""
+    d = _ENV_BYTES
+    if type(d) is dict:
+        v = d.get(b"GQADRV_CLUSTER_MERGE")
+        return None if v is None else v.decode()
+    return os.environ.get("GQADRV_CLUSTER_MERGE")
 
 
 def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, splits: int, fits) -> int:
     """The split count when the splits may merge in a cluster: ``splits`` is the ticket-merge count
-    of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once. Among the
-    cluster sizes S <= min(splits, CLUSTER_MERGE_MAX) whose (batch, KV head) clusters are all
-    resident, take the one with the fewest sub-tile rounds per CTA (ties: the smaller S), if it
-    streams at most one round more per CTA than the ticket count; otherwise keep ``splits``.
-    Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster split merge"): B1 C1024 8
-    splits 4.3-4.5 in clusters vs 4.9 with the ticket; B1 C2048 8 in clusters 5.3-5.4 vs 16 with
-    the ticket 5.7-5.8; B2 C1024 4 in clusters 4.7-4.9 vs 8 with the ticket 5.4 (16 clusters of 8
-    do not fit); B1 C4096 8 in clusters (4 rounds) 7.0-7.1 vs 16 with the ticket (2 rounds) 6.8-6.9."""
-    if splits < 2:
+    of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once (fewer or as
+    many as of a smaller S). Among the cluster sizes S <= min(splits, CLUSTER_MERGE_MAX) whose
+    (batch, KV head) clusters are all resident, take the one with the fewest sub-tile rounds per CTA
+    (ties: the smaller S), if it streams at most one round more per CTA than the ticket count;
+    otherwise keep ``splits``. Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster
+    split merge"): B1 C1024 8 splits 4.3-4.5 in clusters vs 4.8-4.9 with the ticket; B1 C2048 8 in
+    clusters 5.3 vs 16 with the ticket 5.8; B2 C1024 4 in clusters 4.9 vs 8 with the ticket 5.4 (16
+    clusters of 8 do not fit); B1 C4096 8 in clusters (4 rounds) 7.0-7.1 vs 16 with the ticket (2
+    rounds) 6.8-6.9."""
+    if splits < 2 or not cluster_merge_applies(variant, 2):
+        return splits
+    bh = batch * num_kv_heads
+    big = next((S for S in range(min(splits, CLUSTER_MERGE_MAX), 1, -1) if bh <= fits(S)), 0)
+    if not big:
         return splits
     rounds = sub_tile_rounds(variant, capacity)
-    bh = batch * num_kv_heads
-    best = None
-    for S in range(2, min(splits, CLUSTER_MERGE_MAX) + 1):
-        if not cluster_merge_applies(variant, S) or bh > fits(S):
-            continue
-        per = -(-rounds // S)
-        if best is None or per < best[0]:
-            best = (per, S)
-    if best is None or best[0] > -(-rounds // splits) + 1:
+    per = -(-rounds // big)
+    if per > -(-rounds // splits) + 1:
         return splits
-    return best[1]
+    return max(2, -(-rounds // per))  # the smallest S with `per` rounds per CTA (it fits: S <= big)
 
 
 def sub_tile_rounds(variant: Variant, capacity: int) -> int:
