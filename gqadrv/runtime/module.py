@@ -331,19 +331,10 @@ class LaunchPlan:
             self._cfg.hStream = stream
             self._stream = stream
 
-    def set_grid_x(self, n: int) -> None:
-        """Another grid width (a layout entry re-sized for another batch size or split count)."""
-        if n < 1:
-            raise ValueError(f"launch of {self.kernel.name}: grid.x {n} must be positive")
-        if self.cluster is not None and n % self.cluster[0]:
-            raise ValueError(f"launch of {self.kernel.name}: grid.x {n} is not a multiple of cluster.x {self.cluster[0]}")
-        if n != self.grid[0]:
-            self._cfg.gridDimX = n
-            self.grid = (n,) + self.grid[1:]
-
     def reshape(self, grid_x: int, smem: int, cluster: tuple[int, int, int] | None) -> None:
         """Another grid width, dynamic shared-memory size and cluster shape (a layout entry re-sized
-        for another split count, whose launch may switch between the ticket and the cluster merge)."""
+        for another batch size or split count, whose launch may switch between the ticket and the
+        cluster merge); nothing changes when the new shape is refused."""
         if grid_x < 1:
             raise ValueError(f"launch of {self.kernel.name}: grid.x {grid_x} must be positive")
         cluster = None if cluster is None else tuple(cluster)

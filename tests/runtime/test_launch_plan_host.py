@@ -80,18 +80,18 @@ def test_attributes_are_built_once_per_combination(fake_driver):
 
 
 def test_grid_width_changes_in_place(fake_driver):
-    """set_grid_x (a layout entry re-sized for another batch or split count) rewrites the
-    configuration's grid.x and refuses widths the launch could not take."""
+    """reshape with the same shared memory and cluster (a layout entry re-sized for another batch or
+    split count) rewrites the configuration's grid.x and refuses widths the launch could not take."""
     p = _plan(grid=(8, 2, 1))
     cfg = p._cfg
-    p.set_grid_x(24)
+    p.reshape(24, p.smem, None)
     assert p._cfg is cfg and (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (24, 2, 1) and p.grid == (24, 2, 1)
     with pytest.raises(ValueError, match="positive"):
-        p.set_grid_x(0)
+        p.reshape(0, p.smem, None)
     c = _plan(cluster=(2, 1, 1), grid=(8, 1, 1))
     with pytest.raises(ValueError, match="multiple of cluster"):
-        c.set_grid_x(9)
-    c.set_grid_x(10)
+        c.reshape(9, c.smem, c.cluster)
+    c.reshape(10, c.smem, c.cluster)
     assert c._cfg.gridDimX == 10
 
 

@@ -47,7 +47,7 @@ constexpr int NB = D / 64;
 constexpr u32 SLOT_BYTES = 2u * D * TOK * 2u;
 constexpr u32 RING_BYTES = (u32)W * STAGES * SLOT_BYTES;
 using RA = RecvArea<D, ROWS, W, RING_BYTES>;
-// The cluster merge is built for D <= 128 (routes.cluster_merge_fits): the D = 256 builds hold 255
+// The cluster merge is built for D <= 128 (routes.cluster_merge_applies): the D = 256 builds hold 255
 // registers and would spill on sm_100a / sm_110a.
 constexpr bool CLUSTER_MERGE = D <= 128;
 #ifndef GQA_PREFETCH
