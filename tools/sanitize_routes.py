@@ -8,7 +8,7 @@ merge_state alone; ``--gqa-only``: the contiguous GQA routes and the proof kerne
 (--report-api-errors no: cuda.bindings probes driver entry points with cuGetProcAddress, and the
  ones an older driver lacks would otherwise be listed as API errors; device errors are unaffected.)
 
-Routes: short, TMA (1 split; 3 and 8 splits, merged in clusters), portable (1 and 3 splits), with lengths that include
+Routes: short, TMA (1 split; 3, 8 and 16 splits, merged in clusters), portable (1 and 3 splits), with lengths that include
 0, negative, > capacity and poisoned (NaN) padding; MLA decode (seesaw_tma, seesaw, narrow16, wgmma and mma.sync, 1 to 3 splits,
 and, on the 656-byte FP8 cache, seesaw_fp8, narrow16_fp8, wide64_fp8 and mma_fp8,
 causal, NaN-poisoned pages and block-table entries; ``--sparse-only``: the sparse MLA decode alone, also part of the MLA
@@ -56,6 +56,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     bad = 0
     runs = [("short", None, 48, 1), ("tma", None, 300, 1), ("tma-split", None, 300, 3), ("tma-split8", None, 1100, 8),
+            ("tma-split16", None, 2100, 16),
             ("portable", "portable", 300, 1), ("portable-split", "portable", 300, 3)]
     if "--mla-only" in sys.argv[1:]:
         return 1 if _mla_routes(cp, gqadrv, rng) else 0
@@ -64,7 +65,7 @@ def main() -> int:
     if "--sparse-only" in sys.argv[1:]:
         return 1 if _sparse_routes(cp, gqadrv, rng) else 0
     for name, backend, C, splits in runs:
-        B, Hq, Hkv, D = 4, 8, 2, 128
+        B, Hq, Hkv, D = 4, 8, 1 if splits > 8 else 2, 128  # 4 clusters of 16 are resident on any sm_90
         q = rng.standard_normal((B, Hq, D)).astype(np.float16)
         kv = rng.standard_normal((B, 2, Hkv, C, D)).astype(np.float16)
         lens = np.array([C, 0, C + 9, C // 3], np.int32)

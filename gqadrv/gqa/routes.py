@@ -421,18 +421,19 @@ def launch_geometry(variant: Variant, batch: int, num_kv_heads: int, num_splits:
 
 
 # The split merge through distributed shared memory (kernels/gqa/common/cluster_merge.cuh): a TMA
-# launch of S = 2..CLUSTER_MERGE_MAX splits runs as clusters of S CTAs, whose rank 0 receives the
-# others' states in a merge area of CLUSTER_MERGE_MAX slots past the ring (cluster_recv_bytes).
-CLUSTER_MERGE_MAX = 8          # CLUSTER_MERGE_MAX of cluster_merge.cuh: the largest portable cluster
+# launch of S = 2..CLUSTER_MERGE_MAX splits runs as clusters of S CTAs; each CTA owns a chunk of the
+# output's items and receives the others' states of them in an area past the ring (cluster_recv_bytes).
+CLUSTER_MERGE_MAX = 16         # CLUSTER_MERGE_MAX of cluster_merge.cuh
+CLUSTER_PORTABLE_MAX = 8       # larger clusters need CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 CLUSTER_MERGE_MAX_HEAD_DIM = 128  # CLUSTER_MERGE of decode_tma.cu (the D 256 builds leave it out)
 
 
 @functools.lru_cache(maxsize=1024)
 def cluster_recv_bytes(variant: Variant) -> int:
-    """Bytes of the cluster merge's receive area (RecvArea::BYTES): CLUSTER_MERGE_MAX states of
-    ``variant.rows`` rows, {max, denominator} and numerators with the merge area's row stride."""
-    n, r = CLUSTER_MERGE_MAX, variant.rows
-    return (n * r * 2 + n * r * (variant.head_dim + STATE_ROW_PAD)) * 4
+    """Bytes of the cluster merge's receive area (RecvArea::BYTES): rows x D / 8 + CLUSTER_MERGE_MAX
+    entries (at least the S x ceil(items / S) a CTA receives) of 8 fp32 numerators and {max,
+    denominator}, 40 bytes each."""
+    return (variant.rows * variant.head_dim // 8 + CLUSTER_MERGE_MAX) * 40
 
 
 @functools.lru_cache(maxsize=1024)
@@ -444,10 +445,20 @@ def _cluster_capable(variant: Variant) -> bool:
 
 def cluster_merge_applies(variant: Variant, splits: int) -> bool:
     """Whether a launch of ``variant`` with ``splits`` splits may merge them in a cluster: the TMA
-    family (sm_90 build), head dim <= 128, 2..CLUSTER_MERGE_MAX splits, and ring plus receive area
+    family (sm_90 build), head dim <= 128, 2..cluster_cap() splits, and ring plus receive area
     within the shared-memory opt-in. GQADRV_CLUSTER_MERGE=0 turns it off (tuning only). Whether
     the clusters run in one wave is the caller's second condition (plan.launch_shape)."""
-    return 2 <= splits <= CLUSTER_MERGE_MAX and _cluster_capable(variant) and cluster_merge_switch() != "0"
+    return 2 <= splits <= cluster_cap() and _cluster_capable(variant)
+
+
+def cluster_cap() -> int:
+    """The largest cluster the split merge may use: CLUSTER_MERGE_MAX unless GQADRV_CLUSTER_MERGE
+    (tuning only) says 0 (never: the ticket) or a size 2..CLUSTER_MERGE_MAX (8 = portable clusters
+    only); 1 or any other value keeps the default."""
+    v = cluster_merge_switch()
+    if v is None or not v.isdigit() or v == "1":
+        return CLUSTER_MERGE_MAX
+    return min(int(v), CLUSTER_MERGE_MAX)
 
 
 def cluster_merge_switch() -> str | None:
@@ -463,7 +474,7 @@ def cluster_merge_switch() -> str | None:
 def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, splits: int, fits) -> int:
     """The split count when the splits may merge in a cluster: ``splits`` is the ticket-merge count
     of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once (fewer or as
-    many as of a smaller S). Among the cluster sizes S <= min(splits, CLUSTER_MERGE_MAX) whose
+    many as of a smaller S). Among the cluster sizes S <= min(splits, cluster_cap()) whose
     (batch, KV head) clusters are all resident, take the one with the fewest sub-tile rounds per CTA
     (ties: the smaller S), if it streams at most one round more per CTA than the ticket count;
     otherwise keep ``splits``. Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster
@@ -474,7 +485,7 @@ def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
     if splits < 2 or not cluster_merge_applies(variant, 2):
         return splits
     bh = batch * num_kv_heads
-    big = next((S for S in range(min(splits, CLUSTER_MERGE_MAX), 1, -1) if bh <= fits(S)), 0)
+    big = next((S for S in range(min(splits, cluster_cap()), 1, -1) if bh <= fits(S)), 0)
     if not big:
         return splits
     rounds = sub_tile_rounds(variant, capacity)

@@ -50,19 +50,26 @@ def _load(variant, device: int) -> Loaded:
 
 
 _clusters = BoundedMap(1024)
+_PORTABLE_CLUSTER_MAX = 8  # clusters up to this size run on every cluster-capable GPU
 
 
 def max_active_clusters(loaded: Loaded, size: int, smem: int, block: tuple[int, int, int], device: int) -> int:
     """How many clusters of ``size`` CTAs (along x) of ``loaded``'s kernel with ``smem`` bytes of
     dynamic shared memory the device runs at once (cuOccupancyMaxActiveClusters; clusters live in
     one GPC, so this is less than SMs / size when GPCs have SMs left over). 0 when the driver says
-    the configuration cannot run. Cached per (kernel, size, smem, block)."""
+    the configuration cannot run. Sizes above 8 set the kernel's non-portable-cluster attribute
+    first (launches of that kernel may then use them). Cached per (kernel, size, smem, block)."""
     key = (loaded.kernel.function_int, size, smem, block)
     hit = _clusters.get(key)
     if hit is not None:
         return hit
     drv = _drv.driver()
     loaded.kernel.ensure_dynamic_smem(smem)
+    if size > _PORTABLE_CLUSTER_MAX:
+        try:
+            loaded.kernel.allow_non_portable_clusters()
+        except _drv.CudaDriverError:  # a device without non-portable clusters: none of this size run
+            return _clusters.put(key, 0)
     cfg = drv.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = size, 1, 1
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block

@@ -201,6 +201,7 @@ class Kernel:
             )
         self.function_int = int(self.function)
         self._smem_optin = 48 * 1024
+        self._non_portable_clusters = False
         self._lock = threading.Lock()
 
     def ensure_dynamic_smem(self, nbytes: int) -> None:
@@ -221,6 +222,18 @@ class Kernel:
             with _drv.device_scope(self.device):
                 _drv.check(drv.cuFuncSetAttribute(self.function, A, nbytes), f"cuFuncSetAttribute({self.name}, smem={nbytes})")
             self._smem_optin = nbytes
+
+    def allow_non_portable_clusters(self) -> None:
+        """Let launches use clusters of more than 8 CTAs (once per kernel and device; sm_90 runs up to
+        16). Set before cuOccupancyMaxActiveClusters is asked about such a size, which it refuses
+        otherwise, and so before any launch with one."""
+        if self._non_portable_clusters:
+            return
+        drv = _drv.driver()
+        A = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        with self._lock, _drv.device_scope(self.device):
+            _drv.check(drv.cuFuncSetAttribute(self.function, A, 1), f"cuFuncSetAttribute({self.name}, non-portable clusters)")
+            self._non_portable_clusters = True
 
 
 class Library:

@@ -1,5 +1,5 @@
 """The TMA kernel's cluster split merge on the GPU (kernels/gqa/common/cluster_merge.cuh): launches
-of 2..8 splits run as clusters (asserted on the plan), against the float64 oracle and against the
+of 2..16 splits run as clusters (asserted on the plan; 9..16 are non-portable), against the float64 oracle and against the
 ticket merge of the same kernel (GQADRV_CLUSTER_MERGE=0), with empty splits, empty / clamped
 requests and NaN-poisoned padding; repeated launches and a CUDA-graph replay with lengths changed in
 place; the convenience call's layout entry re-sized across the cluster boundary."""
@@ -24,6 +24,12 @@ CASES = [
     (1, 2048, 64, 4, 64, "bfloat16", [1500], 7),         # D 64
     (3, 600, 24, 3, 128, "float16", [600, 129, 5], 4),   # group 8, some splits empty
     (1, 300, 40, 5, 128, "bfloat16", [300], 2),
+    # non-portable clusters (9..16 CTAs), few KV heads so that every cluster is resident
+    (1, 4096, 32, 4, 128, "float16", [3968], 16),
+    (1, 4096, 8, 2, 128, "bfloat16", [4096], 16),
+    (2, 3000, 16, 2, 64, "float16", [2999, 17], 16),    # request 1: splits 1.. hold no key
+    (1, 2048, 64, 4, 128, "bfloat16", [2000], 12),      # group 16: the 16-row build
+    (1, 1200, 8, 1, 128, "float16", [1100], 9),
 ]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gqadrv.gqa import contract, plan, routes
+from gqadrv.gqa import plan, routes
 from gqadrv.ops import kernels
 from tests.host_stubs import stub_gpu
 
@@ -24,13 +24,18 @@ def _variant(family="tma", D=128, rows=8, dtype="float16"):
 def test_receive_area_matches_the_kernel():
     src = (KERNELS / "gqa/common/cluster_merge.cuh").read_text()
     assert int(re.search(r"constexpr int CLUSTER_MERGE_MAX = (\d+);", src).group(1)) == routes.CLUSTER_MERGE_MAX
-    assert "using Slots = MergeArea<D, ROWS, CLUSTER_MERGE_MAX>;" in src
+    assert "static constexpr u32 ENTRIES = (u32)(ROWS * D / 8 + CLUSTER_MERGE_MAX);" in src
+    assert "static constexpr u32 BYTES = ENTRIES * 40u;" in src
     tma = (KERNELS / "gqa/sm90/decode_tma.cu").read_text()
     assert f"constexpr bool CLUSTER_MERGE = D <= {routes.CLUSTER_MERGE_MAX_HEAD_DIM};" in tma
-    # MergeArea<D, ROWS, 8>: {m, l} of 8 x ROWS rows, then 8 x ROWS rows of D + STATE_ROW_PAD floats
-    assert contract.STATE_ROW_PAD == 8
-    assert routes.cluster_recv_bytes(_variant(D=128, rows=8)) == (8 * 8 * 2 + 8 * 8 * 136) * 4
-    assert routes.cluster_recv_bytes(_variant(D=64, rows=16)) == (8 * 16 * 2 + 8 * 16 * 72) * 4
+    assert routes.cluster_recv_bytes(_variant(D=128, rows=8)) == (8 * 16 + 16) * 40
+    assert routes.cluster_recv_bytes(_variant(D=64, rows=16)) == (16 * 8 + 16) * 40
+    # every CTA's S x ceil(items / S) entries fit, for every group the rows serve and every S
+    for D, rows in ((64, 8), (64, 16), (128, 8), (128, 16)):
+        entries = routes.cluster_recv_bytes(_variant(D=D, rows=rows)) // 40
+        for group in range(1, rows + 1):
+            items = group * D // 8
+            assert all(S * -(-items // S) <= entries for S in range(2, routes.CLUSTER_MERGE_MAX + 1))
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -39,16 +44,20 @@ def test_which_launches_merge_in_a_cluster(monkeypatch, D, rows):
     monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
     v = _variant(D=D, rows=rows)
     assert v.dynamic_smem + routes.cluster_recv_bytes(v) <= routes.ARCH_SMEM_OPTIN["sm_90a"]
-    assert [s for s in range(1, 20) if routes.cluster_merge_applies(v, s)] == list(range(2, 9))
+    assert [s for s in range(1, 20) if routes.cluster_merge_applies(v, s)] == list(range(2, 17))
     for fam in ("portable", "short"):
         assert not routes.cluster_merge_applies(_variant(fam, D=D, rows=rows), 4)
     monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")
     assert not routes.cluster_merge_applies(v, 4)
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "8")    # portable clusters only
+    assert [s for s in range(1, 20) if routes.cluster_merge_applies(v, s)] == list(range(2, 9))
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "1")    # the default
+    assert [s for s in range(1, 20) if routes.cluster_merge_applies(v, s)] == list(range(2, 17))
 
 
 def test_head_dim_256_keeps_the_ticket():
     for rows in (8, 16):
-        assert not any(routes.cluster_merge_applies(_variant(D=256, rows=rows), s) for s in range(2, 9))
+        assert not any(routes.cluster_merge_applies(_variant(D=256, rows=rows), s) for s in range(2, 17))
 
 
 def test_launch_shape_needs_every_cluster_resident(monkeypatch):
@@ -74,13 +83,13 @@ def test_launch_shape_needs_every_cluster_resident(monkeypatch):
     monkeypatch.setattr(kernels, "max_active_clusters", fits(0))
     assert plan.launch_shape(v, loaded, 0, 1, 1, 2)[3] is None
     monkeypatch.setattr(kernels, "max_active_clusters", fits(16))
-    for splits in (1, 16):
+    for splits in (1, 17):
         assert plan.launch_shape(v, loaded, 0, 1, 8, splits) == (
             routes.launch_geometry(v, 1, 8, splits) + (None,))
 
 
 # clusters of S CTAs (one per SM: ring + receive area) an H100 runs at once, roughly: GPCs of 16-18 SMs
-H100_FITS = {2: 66, 3: 42, 4: 32, 5: 21, 6: 21, 7: 14, 8: 14}
+H100_FITS = {2: 66, 3: 42, 4: 32, 5: 21, 6: 21, 7: 14, 8: 14, 9: 7, 10: 7, 11: 7, 12: 7, 13: 7, 14: 7, 15: 7, 16: 7}
 
 
 @pytest.mark.parametrize("B,C,ticket,want", [
@@ -101,6 +110,16 @@ def test_cluster_split_counts(monkeypatch, B, C, ticket, want):
     assert routes.cluster_splits(v, B, 8, C, ticket, H100_FITS.get) == ticket
     monkeypatch.delenv("GQADRV_CLUSTER_MERGE")
     assert routes.cluster_splits(_variant(D=256), B, 8, C, ticket, H100_FITS.get) == ticket
+
+
+def test_sixteen_splits_in_clusters_when_eight_clusters_of_16_fit(monkeypatch):
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = _variant()
+    fits = {**H100_FITS, **{S: 8 for S in range(9, 17)}}
+    assert routes.cluster_splits(v, 1, 8, 4096, 16, fits.get) == 16      # 2 rounds per CTA, clustered
+    assert routes.cluster_splits(v, 1, 8, 3000, 16, fits.get) == 12      # 2 rounds from 12 splits on
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "8")                       # portable only: 4 rounds, ticket
+    assert routes.cluster_splits(v, 1, 8, 4096, 16, fits.get) == 16
 
 
 def test_default_splits_of_the_plan_take_the_cluster_count(monkeypatch):

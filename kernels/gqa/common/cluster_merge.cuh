@@ -1,19 +1,20 @@
 // gqadrv — the split merge of the TMA decode kernel through distributed shared memory (sm_90 and newer).
 //
-// A launch with clusters of S CTAs along x (S = num_splits, 2..CLUSTER_MERGE_MAX; blockIdx.x = bh*S + s,
+// A launch with clusters of S CTAs along x (S = num_splits, 2..CLUSTER_MERGE_MAX = 16; blockIdx.x = bh*S + s,
 // so the cluster rank is the split) merges the S splits of one (batch, KV head) without the split
-// workspace, the ticket or a second pass through L2: every CTA but rank 0 pushes its merged warp
-// states (fp32 numerators and {max, denominator} per row) with st.async into its own slot of rank 0's
-// receive area, each store completing its bytes on rank 0's receive barrier, which rank 0's thread 0
-// armed at kernel start with the bytes of S - 1 splits. Rank 0 writes its own slot locally, waits on
-// the barrier, merges the S slots and stores the normalised output. A pushing CTA exits right after
-// its stores (nobody reads its shared memory); rank 0 lives until every pushed byte has landed.
+// workspace, the ticket or a second pass through L2. The output's items (row, 8 dims) are dealt out
+// to the ranks in contiguous chunks (ItemChunks). Every CTA merges its warps' states item by item and
+// pushes each item's state (8 fp32 numerators and {max, denominator}) with st.async into its own
+// entry of the owning rank's receive area, each store completing its bytes on the owner's receive
+// barrier (its own items it keeps locally); then it waits on its own receive barrier, armed at kernel
+// start with the bytes the other S - 1 CTAs push into its chunk, merges the S states of each owned
+// item (one lane per split, a butterfly of shuffles) and stores the normalised output. Every CTA
+// receives only the bytes it waits for, so none can exit while another still writes into it.
 //
-// Receive area  dynamic smem from RecvArea::OFFSET (past the ring and the warp-state merge area): a
-//               MergeArea of CLUSTER_MERGE_MAX states, slot s = split s (slots from S on marked
-//               empty by rank 0); host twin: routes.cluster_recv_bytes.
-// Barriers      recv_bar (static smem, used in rank 0 only): count 1, arrive.expect_tx of the S - 1
-//               pushes right after its init; phase 0 completes when they have all landed.
+// Receive area  dynamic smem from RecvArea::OFFSET (past the ring and the warp-state merge area):
+//               S x J entries of 32 + 8 bytes; host twin: routes.cluster_recv_bytes.
+// Barriers      recv_bar (static smem, every CTA): count 1, arrive.expect_tx of the S - 1 pushes into
+//               its chunk right after its init; phase 0 completes when they have all landed.
 //               The cluster barrier: every thread arrives once (relaxed) after the inits and their
 //               fence.mbarrier_init, and waits before the first push, so no push can reach an
 //               uninitialised barrier.
@@ -23,87 +24,119 @@
 #include "cta.cuh"
 
 #if GQADRV_ARCH >= 90
-constexpr int CLUSTER_MERGE_MAX = 8;  // the largest portable cluster; routes.CLUSTER_MERGE_MAX
+// Clusters of up to 8 CTAs are portable; 9..16 need the kernel's non-portable-cluster attribute, which
+// the host sets before it asks the driver for residency (ops.kernels.max_active_clusters).
+constexpr int CLUSTER_MERGE_MAX = 16;  // routes.CLUSTER_MERGE_MAX
 
-// Rank 0's receive area: a MergeArea of CLUSTER_MERGE_MAX states (slot = split), placed in dynamic
-// smem past what routes.Variant.dynamic_smem reserves for the ring and the warp-state merge area.
-template <int D, int ROWS, int W, u32 RING_BYTES>
-struct RecvArea {
-  using Slots = MergeArea<D, ROWS, CLUSTER_MERGE_MAX>;
-  static constexpr u32 MERGE_BYTES = (u32)MergeArea<D, ROWS, W>::BYTES;
-  static constexpr u32 OFFSET = ((RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES) + 1023u) / 1024u * 1024u;
-  static constexpr u32 BYTES = (u32)Slots::BYTES;  // host twin: routes.cluster_recv_bytes
+// Item ownership: the merged output's items (row, 8 dims), it = 0 .. items-1, in contiguous chunks of
+// J = ceil(items / S): item it belongs to rank it / J, at index it % J of that rank's chunk.
+struct ItemChunks {
+  int items, J;
+  GQADRV_DEVICE ItemChunks(int group, int D8, u32 S) : items(group * D8), J((group * D8 + (int)S - 1) / (int)S) {}
+  GQADRV_DEVICE int owned(u32 rank) const {  // items of rank's chunk (0 for ranks past the last chunk)
+    const int n = items - (int)rank * J;
+    return n < 0 ? 0 : (n < J ? n : J);
+  }
 };
 
-// The bytes one pushing CTA sends: 8-float numerator chunks and {m, l} of the group's rows.
-GQADRV_DEVICE u32 cluster_push_bytes(int group, int D) { return (u32)group * (u32)(D + 2) * 4u; }
+// A CTA's receive area: S x J pushed item states, entry e = split * J + j, as 8 fp32 numerators
+// (32 B) and {m, l} (8 B) in two arrays. S * J <= items + S - 1, so ROWS * D / 8 + CLUSTER_MERGE_MAX
+// entries bound it for any group and S; it lives in dynamic smem past what routes.Variant.dynamic_smem
+// reserves for the ring and the warp-state merge area.
+template <int D, int ROWS, int W, u32 RING_BYTES>
+struct RecvArea {
+  static constexpr u32 MERGE_BYTES = (u32)MergeArea<D, ROWS, W>::BYTES;
+  static constexpr u32 OFFSET = ((RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES) + 1023u) / 1024u * 1024u;
+  static constexpr u32 ENTRIES = (u32)(ROWS * D / 8 + CLUSTER_MERGE_MAX);
+  static constexpr u32 ML_OFFSET = ENTRIES * 32u;
+  static constexpr u32 BYTES = ENTRIES * 40u;  // host twin: routes.cluster_recv_bytes
+};
 
-// Kernel start, one thread per CTA, before fence_mbarrier_init: rank 0 initialises and arms its
-// receive barrier.
+// Kernel start, one thread per CTA, before fence_mbarrier_init: initialise this CTA's receive barrier
+// and arm it with the bytes the other S - 1 CTAs push into its chunk (40 per item each).
 GQADRV_DEVICE void cluster_recv_init(u32 recv_bar, u32 rank, u32 S, int group, int D) {
-  if (rank == 0) {
-    mbar_init(recv_bar, 1);
-    mbar_arrive_expect_tx(recv_bar, (S - 1) * cluster_push_bytes(group, D));
-  }
+  mbar_init(recv_bar, 1);
+  mbar_arrive_expect_tx(recv_bar, (S - 1) * (u32)ItemChunks(group, D / 8, S).owned(rank) * 40u);
 }
 
 // Tail of the TMA kernel in a cluster launch: per-warp states -> merge area (as
-// cta_finish_and_epilogue) -> this CTA's merged item states pushed to rank 0 (kept, in rank 0) ->
-// rank 0 merges the S slots and stores the output. Called by all W * 32 threads. Trace marks 4, 5
-// as in cta.cuh; 6 pushed / kept, 7 every push landed (rank 0), 9 output stored.
+// cta_finish_and_epilogue) -> each item's merged state pushed to the rank that owns the item (kept
+// when that is this CTA) -> every CTA merges the S states of its own items and stores them. Called by
+// all W * 32 threads. Trace marks 4, 5 as in cta.cuh; 6 pushed, 7 every push into this CTA landed,
+// 9 output stored.
 template <int W, int DT, int D, int ROWS, int TOK, u32 RING_BYTES>
 GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a, const CtaSchedule& sc,
                                       u8* smem, u32 recv_bar, int warp, u32 rank, u32 S) {
   using MA = MergeArea<D, ROWS, W>;
   using RA = RecvArea<D, ROWS, W, RING_BYTES>;
-  using Slots = typename RA::Slots;
   constexpr int D8 = D / 8;
+  constexpr int NT = W * 32;
   u8* recv = smem + RA::OFFSET;
+  const ItemChunks ch(a.group, D8, S);
   dec.finish();
   GQA_MARK(a, 4);
-  if (rank == 0)  // slots S.. hold no split: empty states, skipped by the merge
-    for (int i = threadIdx.x; i < (CLUSTER_MERGE_MAX - (int)S) * ROWS; i += W * 32)
-      Slots::ml(recv, (int)S + i / ROWS)[2 * (i % ROWS)] = neg_inf();
   __syncthreads();  // every warp has read its slots: the bytes become the merge area
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), a.group);
   __syncthreads();
   GQA_MARK(a, 5);
   write_request_status(a, sc);
-  cluster_wait();  // rank 0's receive barrier is initialised and armed
+  cluster_wait();  // every CTA's receive barrier is initialised and armed
 
-  const u32 remote = map_shared_rank(smem_u32(recv), 0), remote_bar = map_shared_rank(recv_bar, 0);
-  const int items = a.group * D8;
-  for (int it = threadIdx.x; it < items; it += W * 32) {
+  const u32 recv_u32 = smem_u32(recv);
+  for (int it = threadIdx.x; it < ch.items; it += NT) {
     const int row = it / D8, d0 = (it - row * D8) * 8;
     float M = neg_inf(), den = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     merge_area_item<D, ROWS, W>(smem, row, d0, M, den, acc);
     const U32x4 lo{__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]), __float_as_uint(acc[3])};
     const U32x4 hi{__float_as_uint(acc[4]), __float_as_uint(acc[5]), __float_as_uint(acc[6]), __float_as_uint(acc[7])};
-    // byte offsets of this split's slot in the receive area
-    const u32 o = (u32)(reinterpret_cast<u8*>(Slots::os(recv, (int)rank) + row * Slots::STRIDE + d0) - recv);
-    const u32 ml = (u32)(reinterpret_cast<u8*>(Slots::ml(recv, (int)rank) + 2 * row) - recv);
-    if (rank != 0) {
-      st_async_v4(remote + o, lo, remote_bar);
-      st_async_v4(remote + o + 16, hi, remote_bar);
-      if (d0 == 0) st_async_v2(remote + ml, __float_as_uint(M), __float_as_uint(den), remote_bar);
+    const u32 owner = (u32)(it / ch.J);
+    const u32 e = rank * (u32)ch.J + (u32)(it - (int)owner * ch.J);  // entry in the owner's area
+    if (owner != rank) {
+      const u32 dst = map_shared_rank(recv_u32, owner), bar = map_shared_rank(recv_bar, owner);
+      st_async_v4(dst + e * 32u, lo, bar);
+      st_async_v4(dst + e * 32u + 16u, hi, bar);
+      st_async_v2(dst + RA::ML_OFFSET + e * 8u, __float_as_uint(M), __float_as_uint(den), bar);
     } else {
-      *reinterpret_cast<U32x4*>(recv + o) = lo;
-      *reinterpret_cast<U32x4*>(recv + o + 16) = hi;
-      if (d0 == 0) *reinterpret_cast<F32x2*>(recv + ml) = F32x2{M, den};
+      *reinterpret_cast<U32x4*>(recv + e * 32u) = lo;
+      *reinterpret_cast<U32x4*>(recv + e * 32u + 16u) = hi;
+      *reinterpret_cast<F32x2*>(recv + RA::ML_OFFSET + e * 8u) = F32x2{M, den};
     }
   }
   GQA_MARK(a, 6);
-  if (rank != 0) return;
-
-  __syncthreads();  // rank 0's own slot is complete
+  __syncthreads();  // this CTA's own entries are written
   mbar_wait(recv_bar, 0u);
   GQA_MARK(a, 7);
+
+  // Merge the owned items: P = the power of two >= S lanes per item, lane k holding split k's state
+  // (empty for k >= S), combined by a butterfly of shuffles; CTA-uniform trip count.
+  int lp = 0;
+  while ((1u << lp) < S) ++lp;
+  const int P = 1 << lp, per_pass = NT >> lp, k = threadIdx.x & (P - 1);
+  const int owned = ch.owned(rank), first = (int)rank * ch.J;
   const long long out_row0 = (long long)sc.b * a.hkv * a.group + (long long)sc.kvh * a.group;
-  for (int it = threadIdx.x; it < items; it += W * 32) {
-    const int row = it / D8, d0 = (it - row * D8) * 8;
-    float M = neg_inf(), den = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    merge_area_item<D, ROWS, CLUSTER_MERGE_MAX>(recv, row, d0, M, den, acc);
-    store_row8<DT>(a.out + (out_row0 + row) * D + d0, acc, den > 0.f ? 1.f / den : 0.f);
+  for (int base = 0; base < owned; base += per_pass) {
+    const int j = base + (threadIdx.x >> lp);
+    ItemState st{neg_inf(), 0.f, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
+    if (j < owned && k < (int)S) {
+      const u32 e = (u32)k * (u32)ch.J + (u32)j;
+      const F32x2 ml = *reinterpret_cast<const F32x2*>(recv + RA::ML_OFFSET + e * 8u);
+      const U32x4 lo = *reinterpret_cast<const U32x4*>(recv + e * 32u);
+      const U32x4 hi = *reinterpret_cast<const U32x4*>(recv + e * 32u + 16u);
+      st = ItemState{ml.x, ml.y, {__uint_as_float(lo.x), __uint_as_float(lo.y), __uint_as_float(lo.z), __uint_as_float(lo.w),
+                                   __uint_as_float(hi.x), __uint_as_float(hi.y), __uint_as_float(hi.z), __uint_as_float(hi.w)}};
+    }
+    for (int off = 1; off < P; off <<= 1) {
+      ItemState o;
+      o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
+      o.l = __shfl_xor_sync(0xffffffffu, st.l, off);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.v[i] = __shfl_xor_sync(0xffffffffu, st.v[i], off);
+      combine_states(st, o);
+    }
+    if (j < owned && k == 0) {
+      const int it = first + j, row = it / D8, d0 = (it - row * D8) * 8;
+      store_row8<DT>(a.out + (out_row0 + row) * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+    }
   }
   GQA_MARK(a, 9);
 }

@@ -17,16 +17,17 @@
 //            after the loop the same bytes hold the per-warp states (MergeArea) and then the
 //            split-merge scratch; mbarriers full[W][STAGES] and the query rows s_q[ROWS][D]
 //            (cp.async, padding rows zero-filled) are static shared memory.
-//            Cluster launches add rank 0's receive area past the ring (RecvArea, cluster_merge.cuh).
+//            Cluster launches add every CTA's receive area past the ring (RecvArea, cluster_merge.cuh).
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*D/64 TMA boxes complete it;
 //            parity = (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by the same
 //            lane 0 after __syncwarp + fence.proxy.async (its readers are its own warp).
 //            __syncthreads once Q has landed (cp.async.wait_group 0), before the warp-state merge
 //            (cta_finish_and_epilogue); split ticket: see cta_epilogue in gqa/common/cta.cuh.
 // Splits     a plain launch merges S > 1 splits through the split workspace and the ticket
-//            (cta.cuh); a launch with clusters of S = num_splits CTAs (2..8, D <= 128; the host
-//            decides, gqa/plan.launch_shape) merges them in rank 0's shared memory instead: recv_bar
-//            and one cluster barrier, see gqa/common/cluster_merge.cuh.
+//            (cta.cuh); a launch with clusters of S = num_splits CTAs (2..16, D <= 128; the host
+//            decides, gqa/plan.launch_shape) merges them in the CTAs' shared memory instead, each CTA
+//            the states of its chunk of the output: recv_bar and one cluster barrier, see
+//            gqa/common/cluster_merge.cuh.
 // L2         before griddepcontrol.wait (i.e. overlapping the previous kernel's tail) each warp
 //            prefetches into L2 the first STAGES sub-tiles it would own if len == C, when the host
 //            sets GQA_FLAG_L2_PREFETCH (one wave of long streams; GQA_PREFETCH=0 compiles it out);
@@ -60,13 +61,13 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   extern __shared__ __align__(1024) u8 smem[];
   __shared__ __align__(8) u64 full_bar[W][STAGES];
   __shared__ u32 s_ticket;
-  __shared__ __align__(8) u64 recv_bar;  // cluster launches: the split merge's receive barrier (rank 0)
+  __shared__ __align__(8) u64 recv_bar;  // cluster launches: the split merge's receive barrier
   __shared__ __align__(16) u16 s_q[ROWS * D];  // this CTA's query rows, padding rows zero
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   // Cluster launches (S = num_splits CTAs of one (batch, KV head), rank = split) merge the splits in
-  // rank 0's shared memory (cluster_merge.cuh); the host sizes the receive area (a launch whose
+  // the CTAs' shared memory (cluster_merge.cuh); the host sizes the receive area (a launch whose
   // cluster or shared memory does not match traps instead of writing out of bounds).
   const u32 ncl_launch = cluster_nctarank();
   if (ncl_launch > 1 && threadIdx.x == 0 &&
