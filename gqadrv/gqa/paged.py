@@ -171,9 +171,13 @@ def splits_for(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded, 
     if requested is not None:
         return requested, 0
     info = _drv.device_info(problem.device)
-    rb = row_blocks(problem, variant)
-    return _routes.default_splits(variant, problem.batch * rb, problem.num_kv_heads, problem.capacity,
-                                  info.sm_count, loaded.ctas_per_sm), 0
+    units = problem.batch * row_blocks(problem, variant)
+    splits = _routes.default_splits(variant, units, problem.num_kv_heads, problem.capacity, info.sm_count,
+                                    loaded.ctas_per_sm)
+    csmem = variant.dynamic_smem + _routes.cluster_recv_bytes(variant)
+    return _routes.cluster_splits(variant, units, problem.num_kv_heads, problem.capacity, splits,
+                                  lambda S: _kernels.max_active_clusters(loaded, S, csmem, variant.block,
+                                                                         problem.device)), 0
 
 
 def workspace_sizes(problem: PagedProblem, variant: _routes.Variant, splits: int) -> dict:
@@ -221,9 +225,19 @@ def param_values(variant: _routes.Variant, maps: tuple[bytes, bytes] | None, arg
     return (args,)
 
 
-def geometry(problem: PagedProblem, variant: _routes.Variant, splits: int) -> tuple[tuple, tuple, int]:
-    grid = (problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits, 1, 1)
-    return grid, variant.block, variant.dynamic_smem
+def launch_shape(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded, splits: int,
+                 split_subs: int) -> tuple[tuple, tuple, int, tuple | None]:
+    """(grid, block, dynamic smem, cluster dims or None): one CTA per (batch, KV head, row block,
+    split); the balanced splits of the TMA kernel as clusters of ``splits`` CTAs with the receive
+    area added (kernels/gqa/common/cluster_merge.cuh) when ``routes.cluster_merge_applies`` and
+    every unit's cluster is resident at once (cuOccupancyMaxActiveClusters), as plan.launch_shape."""
+    units = problem.batch * problem.num_kv_heads * row_blocks(problem, variant)
+    grid = (units * splits, 1, 1)
+    if split_subs == 0 and _routes.cluster_merge_applies(variant, splits):
+        csmem = variant.dynamic_smem + _routes.cluster_recv_bytes(variant)
+        if units <= _kernels.max_active_clusters(loaded, splits, csmem, variant.block, problem.device):
+            return grid, variant.block, csmem, (splits, 1, 1)
+    return grid, variant.block, variant.dynamic_smem, None
 
 
 def _split_workspace(problem, variant, splits, stream, pooled: bool) -> Workspace | None:
@@ -258,13 +272,13 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
     ws = _split_workspace(problem, variant, splits, s, pooled=True)
     args = args_fields(problem, variant, out_ptr=out_ptr, lse_ptr=lse_ptr, ws=ws, status_ptr=0, splits=splits,
                        split_subs=subs)
-    grid, block, smem = geometry(problem, variant, splits)
+    grid, block, smem, cluster = launch_shape(problem, variant, loaded, splits, subs)
     values = param_values(variant, maps, args)
     if facts is None:
-        launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, dev)
+        launch_packed(loaded.kernel, grid, block, smem, variant.family.signature, s, values, dev, cluster=cluster)
     else:
         plan = LaunchPlan(loaded.kernel, grid, block, smem, ArgPack(variant.family.signature).pack(*values), stream=s,
-                          pdl=True)
+                          pdl=True, cluster=cluster)
         launch_plans((plan,), dev)
         sc = problem.scales
         ptrs = (problem.q.ptr, problem.k.ptr, problem.v.ptr if problem.v is not None else 0,
@@ -395,9 +409,9 @@ def prepare_problem(problem: PagedProblem, keep: tuple, result: Any, *, determin
         status = cupy.empty(words, dtype=cupy.uint32)
     args = args_fields(problem, variant, out_ptr=problem.out.ptr, lse_ptr=problem.lse.ptr if problem.lse else 0,
                        ws=ws, status_ptr=int(status.data.ptr), splits=splits, split_subs=subs)
-    grid, block, smem = geometry(problem, variant, splits)
+    grid, block, smem, cluster = launch_shape(problem, variant, loaded, splits, subs)
     pack = ArgPack(variant.family.signature).pack(*param_values(variant, maps, args))
-    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True)
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True, cluster=cluster)
     drv = _drv.driver()
     with _drv.device_scope(problem.device):
         _drv.check(drv.cuMemsetD32Async(int(status.data.ptr), 0, words, s), "cuMemsetD32Async(status)")

@@ -438,14 +438,15 @@ def cluster_recv_bytes(variant: Variant) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def _cluster_capable(variant: Variant) -> bool:
-    """The TMA family (sm_90 build), head dim <= 128, ring plus receive area within the opt-in."""
-    return (variant.family.name == "tma" and variant.head_dim <= CLUSTER_MERGE_MAX_HEAD_DIM
+    """The TMA families (contiguous and paged, sm_90 build), head dim <= 128, ring plus receive area
+    within the opt-in."""
+    return (variant.family.name in ("tma", "paged_tma") and variant.head_dim <= CLUSTER_MERGE_MAX_HEAD_DIM
             and variant.dynamic_smem + cluster_recv_bytes(variant) <= ARCH_SMEM_OPTIN["sm_90a"])
 
 
 def cluster_merge_applies(variant: Variant, splits: int) -> bool:
     """Whether a launch of ``variant`` with ``splits`` splits may merge them in a cluster: the TMA
-    family (sm_90 build), head dim <= 128, 2..cluster_cap() splits, and ring plus receive area
+    families (sm_90 build), head dim <= 128, 2..cluster_cap() splits, and ring plus receive area
     within the shared-memory opt-in. GQADRV_CLUSTER_MERGE=0 turns it off (tuning only). Whether
     the clusters run in one wave is the caller's second condition (plan.launch_shape)."""
     return 2 <= splits <= cluster_cap() and _cluster_capable(variant)

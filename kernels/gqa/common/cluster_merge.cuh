@@ -1,9 +1,11 @@
-// gqadrv — the split merge of the TMA decode kernel through distributed shared memory (sm_90 and newer).
+// gqadrv — the split merge of the TMA decode kernels (sm90/decode_tma.cu, sm90/decode_paged_tma.cu)
+// through distributed shared memory (sm_90 and newer).
 //
-// A launch with clusters of S CTAs along x (S = num_splits, 2..CLUSTER_MERGE_MAX = 16; blockIdx.x = bh*S + s,
-// so the cluster rank is the split) merges the S splits of one (batch, KV head) without the split
-// workspace, the ticket or a second pass through L2. The output's items (row, 8 dims) are dealt out
-// to the ranks in contiguous chunks (ItemChunks). Every CTA merges its warps' states item by item and
+// A launch with clusters of S CTAs along x (S = num_splits, 2..CLUSTER_MERGE_MAX = 16; blockIdx.x =
+// unit*S + s, so the cluster rank is the split) merges the S splits of one unit (batch, KV head; the
+// paged kernel: and row block) without the split workspace, the ticket or a second pass through L2.
+// The output's items (row, 8 dims) are dealt out to the ranks in contiguous chunks (ItemChunks).
+// Every CTA merges its warps' states item by item and
 // pushes each item's state (8 fp32 numerators and {max, denominator}) with st.async into its own
 // entry of the owning rank's receive area, each store completing its bytes on the owner's receive
 // barrier (its own items it keeps locally); then it waits on its own receive barrier, armed at kernel
@@ -53,33 +55,27 @@ struct RecvArea {
 };
 
 // Kernel start, one thread per CTA, before fence_mbarrier_init: initialise this CTA's receive barrier
-// and arm it with the bytes the other S - 1 CTAs push into its chunk (40 per item each).
-GQADRV_DEVICE void cluster_recv_init(u32 recv_bar, u32 rank, u32 S, int group, int D) {
+// and arm it with the bytes the other S - 1 CTAs push into its chunk (40 per item each) of the
+// `rows` state rows every CTA of the cluster merges (the same for all of them).
+GQADRV_DEVICE void cluster_recv_init(u32 recv_bar, u32 rank, u32 S, int rows, int D) {
   mbar_init(recv_bar, 1);
-  mbar_arrive_expect_tx(recv_bar, (S - 1) * (u32)ItemChunks(group, D / 8, S).owned(rank) * 40u);
+  mbar_arrive_expect_tx(recv_bar, (S - 1) * (u32)ItemChunks(rows, D / 8, S).owned(rank) * 40u);
 }
 
-// Tail of the TMA kernel in a cluster launch: per-warp states -> merge area (as
-// cta_finish_and_epilogue) -> each item's merged state pushed to the rank that owns the item (kept
-// when that is this CTA) -> every CTA merges the S states of its own items and stores them. Called by
-// all W * 32 threads. Trace marks 4, 5 as in cta.cuh; 6 pushed, 7 every push into this CTA landed,
-// 9 output stored.
-template <int W, int DT, int D, int ROWS, int TOK, u32 RING_BYTES>
-GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a, const CtaSchedule& sc,
-                                      u8* smem, u32 recv_bar, int warp, u32 rank, u32 S) {
-  using MA = MergeArea<D, ROWS, W>;
+// The split merge of a cluster launch, once the CTA's warp states are in the merge area (`smem`, a
+// MergeArea<D, ROWS, W>, after a __syncthreads): each item (row < tg.rows, 8 dims) merged over the
+// warps and pushed to the rank that owns it (kept when that is this CTA), then every CTA merges the
+// S states of its own items and stores them normalised at target_row<MULTI> (and their LSE when
+// tg.lse is set). The ticket form of the same step is cta_epilogue_rows (cta.cuh); tg's workspace
+// fields are not used. Called by all W * 32 threads. Trace marks 6 pushed, 7 every push into this
+// CTA landed, 9 output stored.
+template <int DT, int D, int ROWS, int W, bool MULTI, u32 RING_BYTES>
+GQADRV_DEVICE void cluster_epilogue_rows(const EpilogueTarget& tg, u8* smem, u32 recv_bar, u32 rank, u32 S) {
   using RA = RecvArea<D, ROWS, W, RING_BYTES>;
   constexpr int D8 = D / 8;
   constexpr int NT = W * 32;
   u8* recv = smem + RA::OFFSET;
-  const ItemChunks ch(a.group, D8, S);
-  dec.finish();
-  GQA_MARK(a, 4);
-  __syncthreads();  // every warp has read its slots: the bytes become the merge area
-  dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), a.group);
-  __syncthreads();
-  GQA_MARK(a, 5);
-  write_request_status(a, sc);
+  const ItemChunks ch(tg.rows, D8, S);
   cluster_wait();  // every CTA's receive barrier is initialised and armed
 
   const u32 recv_u32 = smem_u32(recv);
@@ -102,10 +98,10 @@ GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const 
       *reinterpret_cast<F32x2*>(recv + RA::ML_OFFSET + e * 8u) = F32x2{M, den};
     }
   }
-  GQA_MARK(a, 6);
+  GQA_MARK_T(tg, 6);
   __syncthreads();  // this CTA's own entries are written
   mbar_wait(recv_bar, 0u);
-  GQA_MARK(a, 7);
+  GQA_MARK_T(tg, 7);
 
   // Merge the owned items: P = the power of two >= S lanes per item, lane k holding split k's state
   // (empty for k >= S), combined by a butterfly of shuffles; CTA-uniform trip count.
@@ -113,7 +109,6 @@ GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const 
   while ((1u << lp) < S) ++lp;
   const int P = 1 << lp, per_pass = NT >> lp, k = threadIdx.x & (P - 1);
   const int owned = ch.owned(rank), first = (int)rank * ch.J;
-  const long long out_row0 = (long long)sc.b * a.hkv * a.group + (long long)sc.kvh * a.group;
   for (int base = 0; base < owned; base += per_pass) {
     const int j = base + (threadIdx.x >> lp);
     ItemState st{neg_inf(), 0.f, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
@@ -135,9 +130,33 @@ GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const 
     }
     if (j < owned && k == 0) {
       const int it = first + j, row = it / D8, d0 = (it - row * D8) * 8;
-      store_row8<DT>(a.out + (out_row0 + row) * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+      const long long orow = target_row<MULTI>(tg, row);
+      store_row8<DT>(tg.out + orow * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+      if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(st.m, st.l);
     }
   }
-  GQA_MARK(a, 9);
+  GQA_MARK_T(tg, 9);
+}
+
+// Tail of the TMA kernel (GqaArgs) in a cluster launch: per-warp states -> merge area (as
+// cta_finish_and_epilogue) -> the request's status word -> cluster_epilogue_rows over the group's
+// rows. Called by all W * 32 threads. Trace marks 4, 5 as in cta.cuh.
+template <int W, int DT, int D, int ROWS, int TOK, u32 RING_BYTES>
+GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a, const CtaSchedule& sc,
+                                      u8* smem, u32 recv_bar, int warp, u32 rank, u32 S) {
+  using MA = MergeArea<D, ROWS, W>;
+  dec.finish();
+  GQA_MARK(a, 4);
+  __syncthreads();  // every warp has read its slots: the bytes become the merge area
+  dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), a.group);
+  __syncthreads();
+  GQA_MARK(a, 5);
+  write_request_status(a, sc);
+  EpilogueTarget tg{};
+  tg.out = a.out;
+  tg.trace = a.status;
+  tg.out_row0 = (long long)sc.b * a.hkv * a.group + (long long)sc.kvh * a.group;
+  tg.rows = a.group;
+  cluster_epilogue_rows<DT, D, ROWS, W, false, RING_BYTES>(tg, smem, recv_bar, rank, S);
 }
 #endif

@@ -6,10 +6,12 @@
 //     caches: with the KV head's K / V scales),
 //   * paged_cta_tail: warp states -> merge area -> status words -> cta_epilogue_rows (output rows
 //     of [B, s_q, Hq, D], natural-log LSE, split partials and the ordered merge of the
-//     batch-invariant mode).
+//     batch-invariant mode), or in a cluster launch of the TMA kernel cluster_epilogue_rows
+//     (cluster_merge.cuh: the splits merged in shared memory).
 #pragma once
 #include "paged_args.cuh"
 #include "cta.cuh"
+#include "cluster_merge.cuh"
 #include "warp_t8.cuh"
 
 // The warp decoder of a paged kernel build: WarpDecoder<..., CAUSAL = true, KV8>, or for e4m3 builds
@@ -91,11 +93,20 @@ GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& 
   return true;
 }
 
+// A cluster launch of the TMA kernel (cluster_merge.cuh): n CTAs per cluster (1: none), this CTA's
+// rank and its receive barrier; RING_BYTES (the kernel's template argument of paged_cta_tail) places
+// the receive area.
+struct ClusterMergeCtx {
+  u32 n, rank, recv_bar;
+};
+
 // Called by all W * 32 threads after every warp's last step (no copy in flight). `bad` = this
-// lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory.
-template <int W, class Dec>
+// lane met a page id outside [0, num_pages); `s_bad` is W words of static shared memory. With
+// cm.n > 1 (sm_90 builds, RING_BYTES > 0) the splits merge in the cluster instead of the ticket.
+template <int W, u32 RING_BYTES = 0, class Dec>
 GQADRV_DEVICE void paged_cta_tail(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, u8* smem, u32* s_ticket,
-                                  u32* s_bad, bool bad, int warp, int lane) {
+                                  u32* s_bad, bool bad, int warp, int lane,
+                                  ClusterMergeCtx cm = ClusterMergeCtx{1u, 0u, 0u}) {
   constexpr int DT = Dec::DTYPE, D = Dec::DIM, ROWS = Dec::NROWS;
   {
     const bool any_bad = __any_sync(0xffffffffu, bad);
@@ -135,5 +146,13 @@ GQADRV_DEVICE void paged_cta_tail(Dec& dec, const GqaPagedArgs& a, const PagedSc
   tg.group = a.group;
   tg.row_step = hq;
   tg.fixed_order = a.split_subs > 0;
+#if GQADRV_ARCH >= 90
+  if constexpr (RING_BYTES > 0) {
+    if (cm.n > 1) {
+      cluster_epilogue_rows<DT, D, ROWS, W, true, RING_BYTES>(tg, smem, cm.recv_bar, cm.rank, cm.n);
+      return;
+    }
+  }
+#endif
   cta_epilogue_rows<DT, D, ROWS, W, W * 32, true, true>(tg, smem, s_ticket);
 }

@@ -19,13 +19,19 @@
 //            use page coordinate -1 and page ids outside [0, num_pages) are out of the map: TMA
 //            fills both with zeros without reading memory (still counted by complete_tx).
 // Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 blocks of TOK x 128 B, 1024-byte
-//            aligned), reused after the loop as the MergeArea and the split-merge scratch;
+//            aligned), reused after the loop as the MergeArea and the split-merge scratch (cluster
+//            launches: every CTA's receive area past both, RecvArea of cluster_merge.cuh);
 //            mbarriers full[W][STAGES] in static shared memory.
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*NB*NBOX boxes complete it;
 //            parity (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by lane 0
 //            after __syncwarp + fence.proxy.async (its readers are its own warp). __syncthreads
 //            before the warp states become the merge area and before the merge; split ticket:
 //            cta_epilogue_rows (gqa/common/cta.cuh).
+// Splits     a plain launch merges S > 1 splits through the split workspace and the ticket; a
+//            launch with clusters of S = num_splits CTAs (2..16, D <= 128, balanced splits; the host
+//            decides, gqa/paged.launch_shape) merges them in the CTAs' shared memory instead: each
+//            CTA receives the others' states of its chunk of the output items past the ring
+//            (RecvArea), recv_bar and one cluster barrier, see gqa/common/cluster_merge.cuh.
 #include "../common/config.cuh"
 #include "../common/paged_cta.cuh"
 
@@ -40,6 +46,10 @@ constexpr u32 SLOT_BYTES = 2u * Decoder::KV_BYTES;
 static_assert(!KV8 || D >= 128, "e4m3 rows of 64 bytes take the cp.async route");
 constexpr int LOG2_TOK = TOK == 16 ? 4 : (TOK == 32 ? 5 : 6);
 static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
+constexpr u32 RING_BYTES = (u32)W * STAGES * SLOT_BYTES;
+using RA = RecvArea<D, ROWS, W, RING_BYTES>;
+// The cluster merge is built for D <= 128 (routes.cluster_merge_applies), as in decode_tma.cu.
+constexpr bool CLUSTER_MERGE = D <= 128;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(W * 32, 1)
@@ -49,11 +59,26 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   __shared__ __align__(8) u64 full_bar[W][STAGES];
   __shared__ u32 s_ticket;
   __shared__ u32 s_bad[W];
+  __shared__ __align__(8) u64 recv_bar;  // cluster launches: the split merge's receive barrier
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
+  // Cluster launches (S = num_splits CTAs of one unit (batch, KV head, row block), rank = split)
+  // merge the splits in the CTAs' shared memory (cluster_merge.cuh); only the balanced split mode
+  // (split_subs == 0) may run so, and a launch whose cluster or shared memory does not match traps.
+  const u32 ncl_launch = cluster_nctarank();
+  if (ncl_launch > 1 && threadIdx.x == 0 &&
+      (!CLUSTER_MERGE || ncl_launch != (u32)args.num_splits || ncl_launch > (u32)CLUSTER_MERGE_MAX ||
+       args.split_subs > 0 || dynamic_smem_bytes() < RA::OFFSET + RA::BYTES))
+    __trap();
+  const u32 ncl = CLUSTER_MERGE ? ncl_launch : 1u, crank = ncl > 1 ? cluster_ctarank() : 0u;
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(&full_bar[warp][s]), 1);
+    if (warp == 0 && ncl > 1) {  // the unit's state rows, from the grid position alone (no memory read)
+      const int rb = ((int)blockIdx.x / args.num_splits) % args.row_blocks;
+      const int rows = args.rows - rb * ROWS < ROWS ? args.rows - rb * ROWS : ROWS;
+      cluster_recv_init(smem_u32(&recv_bar), crank, ncl, rows, D);
+    }
     fence_mbarrier_init();
     if (warp == 0) {
       tma_prefetch_desc(&k_map);
@@ -61,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   }
   __syncwarp();
+  if (ncl > 1) cluster_arrive_relaxed();  // after the inits: see cluster_merge.cuh
   pdl_wait();
   if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
   const PagedSchedule sc = paged_schedule(args, TOK);
@@ -130,5 +156,6 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
       issue(i + STAGES, nxt);
     }
   }
-  paged_cta_tail<W>(dec, args, sc, smem, &s_ticket, s_bad, bad, warp, lane);
+  paged_cta_tail<W, RING_BYTES>(dec, args, sc, smem, &s_ticket, s_bad, bad, warp, lane,
+                                ClusterMergeCtx{ncl, crank, smem_u32(&recv_bar)});
 }
