@@ -12,7 +12,8 @@ default config's.
 Configs: default, cp (backend 'portable': the cp.async kernel), plain (GQADRV_PAGED_COPY=plain: the
 cp.async kernel's per-chunk copy, the default before 2026-12-06), tma2 (GQADRV_TILING=4,32,2 on the TMA
 route), tma8 (8,32,1), det (deterministic=True), detall (deterministic=True with GQADRV_PAGED_DET_EXIT=0:
-every split takes part in the ticket, the default before 2026-12-06).
+every split takes part in the ticket, the default before 2026-12-06), ticket (GQADRV_CLUSTER_MERGE=0: the
+split merge through the workspace and the ticket, never in clusters).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ CONFIGS = {  # name: (environment, backend, deterministic)
     "tma8": ({"GQADRV_TILING": "8,32,1"}, "hopper", False),
     "det": ({}, None, True),
     "detall": ({"GQADRV_PAGED_DET_EXIT": "0"}, None, True),
+    "ticket": ({"GQADRV_CLUSTER_MERGE": "0"}, None, False),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",
         "16,4096,16,NHD,131072")

@@ -177,7 +177,7 @@ def splits_for(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded, 
     csmem = variant.dynamic_smem + _routes.cluster_recv_bytes(variant)
     return _routes.cluster_splits(variant, units, problem.num_kv_heads, problem.capacity, splits,
                                   lambda S: _kernels.max_active_clusters(loaded, S, csmem, variant.block,
-                                                                         problem.device)), 0
+                                                                         problem.device), extra_rounds=0), 0
 
 
 def workspace_sizes(problem: PagedProblem, variant: _routes.Variant, splits: int) -> dict:

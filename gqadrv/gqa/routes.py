@@ -472,13 +472,16 @@ def cluster_merge_switch() -> str | None:
     return os.environ.get("GQADRV_CLUSTER_MERGE")
 
 
-def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, splits: int, fits) -> int:
+def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: int, splits: int, fits,
+                   extra_rounds: int = 1) -> int:
     """The split count when the splits may merge in a cluster: ``splits`` is the ticket-merge count
     of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once (fewer or as
     many as of a smaller S). Among the cluster sizes S <= min(splits, cluster_cap()) whose
     (batch, KV head) clusters are all resident, take the one with the fewest sub-tile rounds per CTA
-    (ties: the smaller S), if it streams at most one round more per CTA than the ticket count;
-    otherwise keep ``splits``. Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster
+    (ties: the smaller S), if it streams at most ``extra_rounds`` rounds more per CTA than the
+    ticket count; otherwise keep ``splits``. The paged TMA kernel passes 0 (its rounds are 256
+    tokens: p16 B1 L4K in clusters of 8, 2 rounds, 10.0 µs vs 16 splits with the ticket 8.8 on an
+    H100, docs/RESULTS.md 2026-12-07 "all-to-all"). Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster
     split merge"): B1 C1024 8 splits 4.3-4.5 in clusters vs 4.8-4.9 with the ticket; B1 C2048 8 in
     clusters 5.3 vs 16 with the ticket 5.8; B2 C1024 4 in clusters 4.9 vs 8 with the ticket 5.4 (16
     clusters of 8 do not fit); B1 C4096 8 in clusters (4 rounds) 7.0-7.1 vs 16 with the ticket (2
@@ -491,7 +494,7 @@ def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
         return splits
     rounds = sub_tile_rounds(variant, capacity)
     per = -(-rounds // big)
-    if per > -(-rounds // splits) + 1:
+    if per > -(-rounds // splits) + extra_rounds:
         return splits
     return max(2, -(-rounds // per))  # the smallest S with `per` rounds per CTA (it fits: S <= big)
 

@@ -134,3 +134,46 @@ def test_default_splits_of_the_plan_take_the_cluster_count(monkeypatch):
     assert plan.splits_for(v, loaded, 0, 1, 8, 4096) == 16
     monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")   # part of the cache key
     assert plan.splits_for(v, loaded, 0, 2, 8, 1024) == 8
+
+
+def test_paged_launch_shape(monkeypatch):
+    """The paged TMA kernel's balanced splits run as clusters of ``splits`` CTAs when every unit's
+    cluster is resident; the batch-invariant mode (split_subs > 0), the cp.async family and too
+    many units keep the ticket."""
+    import types
+
+    from gqadrv.gqa import paged
+
+    stub_gpu(monkeypatch)
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=True)
+    assert v.family.name == "paged_tma" and routes.cluster_merge_applies(v, 16)
+    loaded = kernels.load(v, 0)
+    monkeypatch.setattr(kernels, "max_active_clusters", lambda loaded, S, smem, block, device: 8)
+    pr = types.SimpleNamespace(batch=1, num_kv_heads=8, rows=4, device=0)
+    grid, block, smem, cluster = paged.launch_shape(pr, v, loaded, 16, 0)
+    assert grid == (128, 1, 1) and cluster == (16, 1, 1) and smem == v.dynamic_smem + routes.cluster_recv_bytes(v)
+    assert paged.launch_shape(pr, v, loaded, 16, 4)[2:] == (v.dynamic_smem, None)         # deterministic
+    pr9 = types.SimpleNamespace(batch=1, num_kv_heads=9, rows=4, device=0)                # 9 units, 8 resident
+    assert paged.launch_shape(pr9, v, loaded, 16, 0)[3] is None
+    pr_rb = types.SimpleNamespace(batch=1, num_kv_heads=2, rows=64, device=0)            # 4 row blocks of 16
+    vr = routes.select_paged_variant((9, 0), 128, "float16", 64, None, tma_ok=True)
+    assert paged.launch_shape(pr_rb, vr, kernels.load(vr, 0), 4, 0) == ((32, 1, 1), vr.block,
+                                                                          vr.dynamic_smem + routes.cluster_recv_bytes(vr),
+                                                                          (4, 1, 1))
+    cp_async = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=False)
+    assert cp_async.family.name == "paged" and not routes.cluster_merge_applies(cp_async, 4)
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")
+    assert paged.launch_shape(pr, v, loaded, 16, 0)[3] is None
+
+
+def test_paged_split_counts_take_no_extra_round(monkeypatch):
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
+    v = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=True)
+    assert v.tiling.tokens_per_round == 256
+    assert routes.default_splits(v, 1, 8, 4096, 132, 1) == 16
+    # clusters of 16 do not fit 8 at once; 8 would stream 2 rounds per CTA against 1: the ticket
+    assert routes.cluster_splits(v, 1, 8, 4096, 16, H100_FITS.get, extra_rounds=0) == 16
+    assert routes.cluster_splits(v, 1, 8, 4096, 16, H100_FITS.get) == 8   # the contiguous rule would cluster
+    assert routes.cluster_splits(v, 1, 8, 2048, routes.default_splits(v, 1, 8, 2048, 132, 1), H100_FITS.get,
+                                 extra_rounds=0) == 8

@@ -20,7 +20,7 @@ CASES = [
     (1, 4096, 32, 4, 128, "float16", 16, "NHD", 1, [4000], 16),
     (1, 4096, 32, 8, 128, "bfloat16", 16, "NHD", 1, [4096], 8),
     (2, 2048, 8, 1, 128, "float16", 64, "HND", 4, [2048, 5], 12),       # 4 x 8 rows: two row blocks of 16
-    (3, 1000, 8, 1, 64, "bfloat16", 32, "NHD", 2, [1000, 0, 10**9], 5),  # empty and clamped requests
+    (3, 1024, 8, 1, 64, "bfloat16", 32, "NHD", 2, [1000, 0, 10**9], 5),  # empty and clamped requests
     (1, 3000, 64, 4, 128, "float16", 128, "NHD", 1, [2999], 16),         # group 16: the 16-row build
     (2, 777, 24, 3, 128, "bfloat16", 16, "HND", 3, [777, 40], 3),        # request 1: most splits empty
     (1, 8192, 4, 1, 128, "float16", 256, "NHD", 16, [8000], 9),        # 16 x 4 rows: four row blocks
