@@ -102,7 +102,7 @@ def main() -> int:
 
 def _paged_routes(cp, gqadrv, rng) -> int:
     """Paged GQA decode: TMA and cp.async kernels, page 16 / 1, s_q 1 and 4 (two row blocks at group
-    8), 1, 3 and 12 splits (the TMA kernel's in clusters) and the batch-invariant mode, LSE, poisoned table entries and NaN in unused
+    8), 1, 3 and 9 splits (the TMA kernel's in clusters) and the batch-invariant mode, LSE, poisoned table entries and NaN in unused
     pages, a length past the capacity, an empty request and a page id out of range; then merge_state."""
     from gqadrv.gqa.reference import gqa_decode_paged_reference, paged_kv_from_contiguous
 
@@ -112,7 +112,7 @@ def _paged_routes(cp, gqadrv, rng) -> int:
     B, Hq, Hkv, D, T = 4, 16, 2, 128, 320  # T: whole pages of every tested size
     for backend, page, s_q, splits, det, fp8 in (
             ("hopper", 16, 1, 1, False, False), ("hopper", 16, 4, 3, False, False), ("hopper", 32, 4, None, True, False),
-            ("hopper", 16, 1, 12, False, False),  # clusters of 12 (3 and 12: the balanced splits merge in clusters)
+            ("hopper", 16, 1, 9, False, False),  # clusters of 9 (3 and 9: the balanced splits merge in clusters)
             ("portable", 16, 4, 3, False, False), ("portable", 1, 1, None, True, False),
             ("portable", 4, 2, 1, False, False),
             # e4m3 caches (uint8 codes, per-head device scales): TMA and cp.async kernels
