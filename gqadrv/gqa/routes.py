@@ -476,27 +476,37 @@ def cluster_splits(variant: Variant, batch: int, num_kv_heads: int, capacity: in
                    extra_rounds: int = 1) -> int:
     """The split count when the splits may merge in a cluster: ``splits`` is the ticket-merge count
     of ``default_splits``; ``fits(S)`` says how many clusters of S CTAs run at once (fewer or as
-    many as of a smaller S). Among the cluster sizes S <= min(splits, cluster_cap()) whose
-    (batch, KV head) clusters are all resident, take the one with the fewest sub-tile rounds per CTA
+    many as of a smaller S). Portable sizes first: among S <= min(splits, 8, cluster_cap()) whose
+    (batch, KV head) clusters are all resident, the one with the fewest sub-tile rounds per CTA
     (ties: the smaller S), if it streams at most ``extra_rounds`` rounds more per CTA than the
-    ticket count; otherwise keep ``splits``. The paged TMA kernel passes 0 (its rounds are 256
-    tokens: p16 B1 L4K in clusters of 8, 2 rounds, 10.0 µs vs 16 splits with the ticket 8.8 on an
-    H100, docs/RESULTS.md 2026-12-07 "all-to-all"). Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster
-    split merge"): B1 C1024 8 splits 4.3-4.5 in clusters vs 4.8-4.9 with the ticket; B1 C2048 8 in
-    clusters 5.3 vs 16 with the ticket 5.8; B2 C1024 4 in clusters 4.9 vs 8 with the ticket 5.4 (16
-    clusters of 8 do not fit); B1 C4096 8 in clusters (4 rounds) 7.0-7.1 vs 16 with the ticket (2
-    rounds) 6.8-6.9."""
+    ticket count; failing that the same rule over S <= min(splits, cluster_cap()) (non-portable
+    clusters of 9..16); failing both, ``splits`` with the ticket.
+
+    Measured on an H100 (hot µs, docs/RESULTS.md 2026-12-07 "cluster split merge" and
+    "all-to-all"): B1 C1024 8 splits 4.3-4.5 in clusters vs 4.8-4.9 with the ticket; B1 C2048 8 in
+    clusters 5.3 vs 16 with the ticket 5.7-5.8; B2 C1024 4 in clusters 4.9 vs 8 with the ticket 5.4;
+    B1 C4096 keeps 16 with the ticket (8 in clusters, 4 rounds: 7.0-7.1 vs 6.8-6.9; 16-CTA clusters
+    fit 7 at a time, not 8). Hkv 4: B1 C2048 8 in clusters 4.79 vs 16 in clusters 5.19 vs 16 with
+    the ticket 5.94 (hence portable first); B1 C4096 16 in clusters 5.98 vs 32 with the ticket 8.66.
+    The paged TMA kernel passes ``extra_rounds`` 0 (its rounds are 256 tokens: p16 B1 L4K in
+    clusters of 8, 2 rounds, 10.0 µs vs 16 with the ticket 8.8)."""
     if splits < 2 or not cluster_merge_applies(variant, 2):
         return splits
     bh = batch * num_kv_heads
-    big = next((S for S in range(min(splits, cluster_cap()), 1, -1) if bh <= fits(S)), 0)
-    if not big:
-        return splits
     rounds = sub_tile_rounds(variant, capacity)
-    per = -(-rounds // big)
-    if per > -(-rounds // splits) + extra_rounds:
-        return splits
-    return max(2, -(-rounds // per))  # the smallest S with `per` rounds per CTA (it fits: S <= big)
+    ticket_per = -(-rounds // splits)
+
+    def pick(limit: int) -> int:
+        big = next((S for S in range(min(splits, limit), 1, -1) if bh <= fits(S)), 0)
+        if not big:
+            return 0
+        per = -(-rounds // big)
+        if per > ticket_per + extra_rounds:
+            return 0
+        return max(2, -(-rounds // per))  # the smallest S with `per` rounds per CTA (it fits: S <= big)
+
+    cap = cluster_cap()
+    return pick(min(cap, CLUSTER_PORTABLE_MAX)) or (pick(cap) if cap > CLUSTER_PORTABLE_MAX else 0) or splits
 
 
 def sub_tile_rounds(variant: Variant, capacity: int) -> int:

@@ -88,8 +88,9 @@ def test_launch_shape_needs_every_cluster_resident(monkeypatch):
             routes.launch_geometry(v, 1, 8, splits) + (None,))
 
 
-# clusters of S CTAs (one per SM: ring + receive area) an H100 runs at once, roughly: GPCs of 16-18 SMs
-H100_FITS = {2: 66, 3: 42, 4: 32, 5: 21, 6: 21, 7: 14, 8: 14, 9: 7, 10: 7, 11: 7, 12: 7, 13: 7, 14: 7, 15: 7, 16: 7}
+# clusters of S CTAs (one per SM: ring + receive area) an H100 runs at once (cuOccupancyMaxActiveClusters
+# for the TMA kernel, docs/RESULTS.md 2026-12-07 "all-to-all")
+H100_FITS = {2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15, 9: 9, 10: 7, 11: 7, 12: 7, 13: 7, 14: 7, 15: 7, 16: 7}
 
 
 @pytest.mark.parametrize("B,C,ticket,want", [
@@ -97,6 +98,7 @@ H100_FITS = {2: 66, 3: 42, 4: 32, 5: 21, 6: 21, 7: 14, 8: 14, 9: 7, 10: 7, 11: 7
     (1, 2048, 16, 8),    # 2 rounds in clusters of 8 against 1 with the ticket: clusters
     (1, 4096, 16, 16),   # 4 rounds in clusters of 8 against 2: the ticket
     (1, 1500, 12, 6),    # 2 rounds from 6 splits on (ties take the smaller cluster)
+    (1, 512, 4, 4),
     (2, 1024, 8, 4),     # 16 clusters of 8 do not fit: 2 rounds in clusters of 4
     (4, 256, 1, 1),      # unsplit stays unsplit
     (1, 32768, 16, 16),
@@ -112,14 +114,25 @@ def test_cluster_split_counts(monkeypatch, B, C, ticket, want):
     assert routes.cluster_splits(_variant(D=256), B, 8, C, ticket, H100_FITS.get) == ticket
 
 
-def test_sixteen_splits_in_clusters_when_eight_clusters_of_16_fit(monkeypatch):
+@pytest.mark.parametrize("hkv,C,ticket,want", [
+    (4, 2048, 16, 8),    # portable first: 8 in clusters (2 rounds) beat 16 in clusters (1) on an H100
+    (4, 4096, 32, 16),   # portable sizes need 4 rounds against 1: 16 in clusters (2 rounds)
+    (2, 4096, 32, 16),
+    (1, 4096, 32, 16),
+    (4, 8192, 33, 33),   # 16 in clusters would stream 4 rounds against 2: the ticket
+    (8, 4096, 16, 16),   # 8 clusters of 16 do not fit (7 do): the ticket
+])
+def test_non_portable_clusters_when_portable_ones_fall_short(monkeypatch, hkv, C, ticket, want):
     monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
     v = _variant()
+    assert routes.default_splits(v, 1, hkv, C, 132, 1) == ticket
+    assert routes.cluster_splits(v, 1, hkv, C, ticket, H100_FITS.get) == want
+    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "8")    # portable only
+    got = routes.cluster_splits(v, 1, hkv, C, ticket, H100_FITS.get)
+    assert got <= 8 or got == ticket
     fits = {**H100_FITS, **{S: 8 for S in range(9, 17)}}
-    assert routes.cluster_splits(v, 1, 8, 4096, 16, fits.get) == 16      # 2 rounds per CTA, clustered
-    assert routes.cluster_splits(v, 1, 8, 3000, 16, fits.get) == 12      # 2 rounds from 12 splits on
-    monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "8")                       # portable only: 4 rounds, ticket
-    assert routes.cluster_splits(v, 1, 8, 4096, 16, fits.get) == 16
+    monkeypatch.delenv("GQADRV_CLUSTER_MERGE")
+    assert routes.cluster_splits(v, 1, 8, 4096, 16, fits.get) == 16      # where 8 clusters of 16 fit
 
 
 def test_default_splits_of_the_plan_take_the_cluster_count(monkeypatch):
