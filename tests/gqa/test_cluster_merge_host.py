@@ -190,3 +190,43 @@ def test_paged_split_counts_take_no_extra_round(monkeypatch):
     assert routes.cluster_splits(v, 1, 8, 4096, 16, H100_FITS.get) == 8   # the contiguous rule would cluster
     assert routes.cluster_splits(v, 1, 8, 2048, routes.default_splits(v, 1, 8, 2048, 132, 1), H100_FITS.get,
                                  extra_rounds=0) == 8
+
+
+def test_residency_query_allows_non_portable_sizes_first(monkeypatch):
+    """max_active_clusters sets the kernel's non-portable-cluster attribute before it asks the driver
+    about clusters of more than 8 CTAs (once), not for portable sizes; a driver that refuses the
+    attribute gives 0 clusters of that size (the ticket); answers are cached."""
+    import contextlib
+    import types
+
+    from gqadrv.runtime import driver as drv_mod
+
+    asked, allowed = [], []
+
+    class Kernel:
+        function, function_int = object(), 1234
+
+        def ensure_dynamic_smem(self, n):
+            pass
+
+        def allow_non_portable_clusters(self):
+            if refuse:
+                raise drv_mod.CudaDriverError("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE", "", 1)
+            allowed.append(True)
+
+    fake = types.SimpleNamespace(
+        CUlaunchConfig=lambda: types.SimpleNamespace(),
+        CUlaunchAttribute=lambda: types.SimpleNamespace(value=types.SimpleNamespace(clusterDim=types.SimpleNamespace())),
+        CUlaunchAttributeID=types.SimpleNamespace(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION=4),
+        cuOccupancyMaxActiveClusters=lambda f, cfg: (asked.append(cfg.attrs[0].value.clusterDim.x), (0, 7))[1],
+    )
+    monkeypatch.setattr(drv_mod, "driver", lambda: fake)
+    monkeypatch.setattr(drv_mod, "device_scope", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(kernels, "_clusters", kernels.BoundedMap(16))
+    loaded = types.SimpleNamespace(kernel=Kernel())
+    refuse = False
+    assert kernels.max_active_clusters(loaded, 8, 1000, (128, 1, 1), 0) == 7 and allowed == []
+    assert kernels.max_active_clusters(loaded, 16, 1000, (128, 1, 1), 0) == 7 and allowed == [True]
+    assert kernels.max_active_clusters(loaded, 16, 1000, (128, 1, 1), 0) == 7 and asked == [8, 16]   # cached
+    refuse = True
+    assert kernels.max_active_clusters(loaded, 12, 1000, (128, 1, 1), 0) == 0 and asked == [8, 16]
