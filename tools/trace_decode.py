@@ -7,8 +7,8 @@ first CTA's first stamp.
 Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub-tile in smem (TMA),
 4 warp 0 done, 5 warp states merged in smem, 6 epilogue stores issued, 7 ticket drawn, 9 split
 merge computed, 8 counter reset (last CTA only). In a cluster launch (the split merge through
-distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 state pushed to rank 0 (kept, in
-rank 0), 7 every push landed in rank 0, 9 output stored; no 8."""
+distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the
+rank that owns it, 7 every push into this CTA landed, 9 its chunk of the output stored; no 8."""
 
 import argparse
 import os
