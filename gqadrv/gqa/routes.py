@@ -16,6 +16,7 @@ import os
 from ..ops.contract import check_choice
 from ..ops.registry import KernelFamily
 from ..runtime.compiler import cc_for_arch
+from ..runtime.module import PORTABLE_CLUSTER_MAX
 from . import tcgen05 as _tc
 from .args import SIG_PLAIN, SIG_TMA
 from .paged_args import SIG_PAGED, SIG_PAGED_TMA
@@ -424,7 +425,7 @@ def launch_geometry(variant: Variant, batch: int, num_kv_heads: int, num_splits:
 # launch of S = 2..CLUSTER_MERGE_MAX splits runs as clusters of S CTAs; each CTA owns a chunk of the
 # output's items and receives the others' states of them in an area past the ring (cluster_recv_bytes).
 CLUSTER_MERGE_MAX = 16         # CLUSTER_MERGE_MAX of cluster_merge.cuh
-CLUSTER_PORTABLE_MAX = 8       # larger clusters need CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+CLUSTER_PORTABLE_MAX = PORTABLE_CLUSTER_MAX  # runtime.module: larger ones need the non-portable attribute
 CLUSTER_MERGE_MAX_HEAD_DIM = 128  # CLUSTER_MERGE of decode_tma.cu (the D 256 builds leave it out)
 
 

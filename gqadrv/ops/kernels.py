@@ -8,7 +8,7 @@ import dataclasses
 
 from ..runtime import driver as _drv
 from ..runtime.compiler import arch_for_cc, compile_module
-from ..runtime.module import Kernel, load_library
+from ..runtime.module import PORTABLE_CLUSTER_MAX, Kernel, load_library
 from .bounded import BoundedMap
 
 __all__ = ["Loaded", "load", "max_active_clusters"]
@@ -50,7 +50,6 @@ def _load(variant, device: int) -> Loaded:
 
 
 _clusters = BoundedMap(1024)
-_PORTABLE_CLUSTER_MAX = 8  # clusters up to this size run on every cluster-capable GPU
 
 
 def max_active_clusters(loaded: Loaded, size: int, smem: int, block: tuple[int, int, int], device: int) -> int:
@@ -65,7 +64,7 @@ def max_active_clusters(loaded: Loaded, size: int, smem: int, block: tuple[int, 
         return hit
     drv = _drv.driver()
     loaded.kernel.ensure_dynamic_smem(smem)
-    if size > _PORTABLE_CLUSTER_MAX:
+    if size > PORTABLE_CLUSTER_MAX:
         try:
             loaded.kernel.allow_non_portable_clusters()
         except _drv.CudaDriverError:  # a device without non-portable clusters: none of this size run

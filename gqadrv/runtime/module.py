@@ -182,6 +182,10 @@ class ArgPack:
         return ctypes.string_at(self._base, self.sig.size)
 
 
+PORTABLE_CLUSTER_MAX = 8  # clusters up to this size run on every cluster-capable GPU; larger ones need
+                          # Kernel.allow_non_portable_clusters
+
+
 class Kernel:
     """One kernel of a loaded library on one device."""
 
@@ -224,9 +228,9 @@ class Kernel:
             self._smem_optin = nbytes
 
     def allow_non_portable_clusters(self) -> None:
-        """Let launches use clusters of more than 8 CTAs (once per kernel and device; sm_90 runs up to
-        16). Set before cuOccupancyMaxActiveClusters is asked about such a size, which it refuses
-        otherwise, and so before any launch with one."""
+        """Let launches use clusters of more than PORTABLE_CLUSTER_MAX CTAs (once per kernel and device;
+        sm_90 runs up to 16). Set before cuOccupancyMaxActiveClusters is asked about such a size,
+        which it refuses otherwise, and so before any launch with one."""
         if self._non_portable_clusters:
             return
         drv = _drv.driver()

@@ -120,7 +120,7 @@ GQADRV_DEVICE void cluster_epilogue_rows(const EpilogueTarget& tg, u8* smem, u32
       st = ItemState{ml.x, ml.y, {__uint_as_float(lo.x), __uint_as_float(lo.y), __uint_as_float(lo.z), __uint_as_float(lo.w),
                                    __uint_as_float(hi.x), __uint_as_float(hi.y), __uint_as_float(hi.z), __uint_as_float(hi.w)}};
     }
-    for (int off = 1; off < P; off <<= 1) {
+    for (int off = 1; off < P; off <<= 1) {  // butterfly inside each group of P lanes
       ItemState o;
       o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
       o.l = __shfl_xor_sync(0xffffffffu, st.l, off);
@@ -130,33 +130,20 @@ GQADRV_DEVICE void cluster_epilogue_rows(const EpilogueTarget& tg, u8* smem, u32
     }
     if (j < owned && k == 0) {
       const int it = first + j, row = it / D8, d0 = (it - row * D8) * 8;
-      const long long orow = target_row<MULTI>(tg, row);
-      store_row8<DT>(tg.out + orow * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
-      if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(st.m, st.l);
+      store_state_row8<DT, D, MULTI>(tg, row, d0, st);
     }
   }
   GQA_MARK_T(tg, 9);
 }
 
-// Tail of the TMA kernel (GqaArgs) in a cluster launch: per-warp states -> merge area (as
-// cta_finish_and_epilogue) -> the request's status word -> cluster_epilogue_rows over the group's
-// rows. Called by all W * 32 threads. Trace marks 4, 5 as in cta.cuh.
+// Tail of the TMA kernel (GqaArgs) in a cluster launch: per-warp states -> merge area
+// (cta_states_to_merge_area, as the ticket tail) -> the request's status word ->
+// cluster_epilogue_rows over the group's rows. Called by all W * 32 threads.
 template <int W, int DT, int D, int ROWS, int TOK, u32 RING_BYTES>
 GQADRV_DEVICE void cta_finish_cluster(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a, const CtaSchedule& sc,
                                       u8* smem, u32 recv_bar, int warp, u32 rank, u32 S) {
-  using MA = MergeArea<D, ROWS, W>;
-  dec.finish();
-  GQA_MARK(a, 4);
-  __syncthreads();  // every warp has read its slots: the bytes become the merge area
-  dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), a.group);
-  __syncthreads();
-  GQA_MARK(a, 5);
+  cta_states_to_merge_area<W>(dec, a, smem, warp);
   write_request_status(a, sc);
-  EpilogueTarget tg{};
-  tg.out = a.out;
-  tg.trace = a.status;
-  tg.out_row0 = (long long)sc.b * a.hkv * a.group + (long long)sc.kvh * a.group;
-  tg.rows = a.group;
-  cluster_epilogue_rows<DT, D, ROWS, W, false, RING_BYTES>(tg, smem, recv_bar, rank, S);
+  cluster_epilogue_rows<DT, D, ROWS, W, false, RING_BYTES>(gqa_epilogue_target(a, sc), smem, recv_bar, rank, S);
 }
 #endif

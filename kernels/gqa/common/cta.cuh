@@ -70,6 +70,15 @@ GQADRV_DEVICE float state_lse(float m, float l) {
   return l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : __int_as_float(0x7f800000);
 }
 
+// Store a merged state of item (row, the 8 dims from d0) normalised at target_row<MULTI>, and its
+// natural-log LSE when tg.lse is set (once per row: d0 == 0).
+template <int DT, int D, bool MULTI>
+GQADRV_DEVICE void store_state_row8(const EpilogueTarget& tg, int row, int d0, const ItemState& st) {
+  const long long orow = target_row<MULTI>(tg, row);
+  store_row8<DT>(tg.out + orow * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
+  if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(st.m, st.l);
+}
+
 // Merge item (row, the 8 dims from d0) over the W softmax states in `area` (a MergeArea) into M, den
 // and acc, which the caller sets to -inf, 0 and zeros: common maximum, denominator and numerators
 // (unnormalised), unchanged when every state is empty. States with m = -inf are skipped (their
@@ -213,11 +222,7 @@ GQADRV_DEVICE void cta_epilogue_rows(const EpilogueTarget& tg, u8* area, u32* s_
       for (int i = 0; i < 8; ++i) o.v[i] = __shfl_xor_sync(0xffffffffu, st.v[i], off);
       combine_states(st, o);
     }
-    if (it < items && lane_j == 0) {
-      const long long orow = target_row<MULTI>(tg, row);
-      store_row8<DT>(tg.out + orow * D + d0, st.v, st.l > 0.f ? 1.f / st.l : 0.f);
-      if (tg.lse != nullptr && d0 == 0) tg.lse[orow] = state_lse(st.m, st.l);
-    }
+    if (it < items && lane_j == 0) store_state_row8<DT, D, MULTI>(tg, row, d0, st);
   }
   GQA_MARK_T(tg, 9);
   if (tid == 0) store_relaxed_gpu(tg.counters + tg.unit, 0u);
@@ -234,11 +239,8 @@ GQADRV_DEVICE void write_request_status(const GqaArgs& a, const CtaSchedule& sc)
 #endif
 }
 
-// cta_epilogue_rows for the GqaArgs kernels (one query token, rows = the group's heads, no LSE):
-// also writes the request's status word (write_request_status).
-template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
-GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
-  write_request_status(a, sc);
+// The EpilogueTarget of a GqaArgs kernel's CTA (one query token, rows = the group's heads, no LSE).
+GQADRV_DEVICE EpilogueTarget gqa_epilogue_target(const GqaArgs& a, const CtaSchedule& sc) {
   EpilogueTarget tg;
   tg.out = a.out;
   tg.lse = nullptr;
@@ -257,17 +259,24 @@ GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* are
   tg.group = a.group;
   tg.row_step = 0;
   tg.fixed_order = false;
-  cta_epilogue_rows<DT, D, ROWS, W, NTHREADS, SPLITS, false>(tg, area, s_ticket);
+  return tg;
 }
 
-// Tail of the mma.sync kernels (smxx/decode_short.cu, sm90/decode_tma.cu, sm80/decode_cpasync.cu),
-// called by all W * 32 threads once every warp has issued its last step (and its last copy has
-// landed): reduce each warp's denominators (WarpDecoder::finish), wait until every warp is done
-// with its K/V slots (they become the MergeArea of W states), store each warp's state there, and
-// run cta_epilogue. Trace marks 4 (states reduced) and 5 (merge area written).
-template <int W, bool SPLITS = true, int DT, int D, int ROWS, int TOK>
-GQADRV_DEVICE void cta_finish_and_epilogue(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a,
-                                           const CtaSchedule& sc, u8* smem, u32* s_ticket, int warp) {
+// cta_epilogue_rows for the GqaArgs kernels: also writes the request's status word
+// (write_request_status).
+template <int DT, int D, int ROWS, int W, int NTHREADS = W * 32, bool SPLITS = true>
+GQADRV_DEVICE void cta_epilogue(const GqaArgs& a, const CtaSchedule& sc, u8* area, u32* s_ticket) {
+  write_request_status(a, sc);
+  cta_epilogue_rows<DT, D, ROWS, W, NTHREADS, SPLITS, false>(gqa_epilogue_target(a, sc), area, s_ticket);
+}
+
+// The first half of the mma.sync kernels' tail, called by all W * 32 threads once every warp has
+// issued its last step (and its last copy has landed): reduce each warp's denominators
+// (WarpDecoder::finish), wait until every warp is done with its K/V slots (they become the
+// MergeArea of W states) and store each warp's state there. Trace marks 4 (states reduced) and 5
+// (merge area written).
+template <int W, int DT, int D, int ROWS, int TOK>
+GQADRV_DEVICE void cta_states_to_merge_area(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a, u8* smem, int warp) {
   dec.finish();
   GQA_MARK(a, 4);
   __syncthreads();  // every warp has read its slots: the bytes become the merge area
@@ -275,5 +284,13 @@ GQADRV_DEVICE void cta_finish_and_epilogue(WarpDecoder<DT, D, ROWS, TOK>& dec, c
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), a.group);
   __syncthreads();
   GQA_MARK(a, 5);
+}
+
+// Tail of the mma.sync kernels (smxx/decode_short.cu, sm90/decode_tma.cu, sm80/decode_cpasync.cu),
+// called by all W * 32 threads: cta_states_to_merge_area, then cta_epilogue.
+template <int W, bool SPLITS = true, int DT, int D, int ROWS, int TOK>
+GQADRV_DEVICE void cta_finish_and_epilogue(WarpDecoder<DT, D, ROWS, TOK>& dec, const GqaArgs& a,
+                                           const CtaSchedule& sc, u8* smem, u32* s_ticket, int warp) {
+  cta_states_to_merge_area<W>(dec, a, smem, warp);
   cta_epilogue<DT, D, ROWS, W, W * 32, SPLITS>(a, sc, smem, s_ticket);
 }
