@@ -13,7 +13,8 @@ Configs: default, cp (backend 'portable': the cp.async kernel), plain (GQADRV_PA
 cp.async kernel's per-chunk copy, the default before 2026-12-06), tma2 (GQADRV_TILING=4,32,2 on the TMA
 route), tma8 (8,32,1), det (deterministic=True), detall (deterministic=True with GQADRV_PAGED_DET_EXIT=0:
 every split takes part in the ticket, the default before 2026-12-06), ticket (GQADRV_CLUSTER_MERGE=0: the
-split merge through the workspace and the ticket, never in clusters).
+split merge through the workspace and the ticket, never in clusters), nospec (GQADRV_PAGED_SPEC=0: the TMA
+kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ CONFIGS = {  # name: (environment, backend, deterministic)
     "det": ({}, None, True),
     "detall": ({"GQADRV_PAGED_DET_EXIT": "0"}, None, True),
     "ticket": ({"GQADRV_CLUSTER_MERGE": "0"}, None, False),
+    "nospec": ({"GQADRV_PAGED_SPEC": "0"}, None, False),
+    "detnospec": ({"GQADRV_PAGED_SPEC": "0"}, None, True),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",
         "16,4096,16,NHD,131072")

@@ -4,9 +4,13 @@ back-to-back launches), and prints stamp statistics (min / median / max over CTA
 first CTA's first stamp.
 
     python tools/trace_decode.py "1,1024,[1024]" "1,4096,[3968]" --splits 8
+    python tools/trace_decode.py --paged "1,4096,16,NHD" "1,4096,64,NHD,32768"   # B,L,PAGE,LAYOUT[,TABLE_TOKENS]
 Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub-tile in smem (TMA),
 4 warp 0 done, 5 warp states merged in smem, 6 epilogue stores issued, 7 ticket drawn, 9 split
-merge computed, 8 counter reset (last CTA only). In a cluster launch (the split merge through
+merge computed, 8 counter reset (last CTA only). Paged rows (--paged: fp16, Hq 32, Hkv 8, D 128, every request
+at its full length L, pages in random order, table entries past them poisoned, as tools/paged_tune.py): the
+paged route's own kernel with the same marks, 2 meaning the schedule known (length read) and 4 every warp's
+last step done. In a cluster launch (the split merge through
 distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the
 rank that owns it, 7 every push into this CTA landed, 9 its chunk of the output stored; no 8."""
 
@@ -44,7 +48,11 @@ def run(text, splits, flush, cp):
     trace = cp.zeros(n_cta * 16, cp.uint64)
     plan = gplan.build_launch(prob, variant, loaded, out_ptr=int(o.data.ptr), ws=ws, status_ptr=int(trace.data.ptr),
                              splits=ns, stream=s)
-    grid, smem = plan.grid, plan.smem
+    _time(plan, trace, plan.grid, flush, cp, f"{shape.label} route {variant.name} splits {ns} grid {plan.grid[0]} "
+          f"smem {plan.smem} cluster {plan.cluster} ctas/SM {loaded.ctas_per_sm}")
+
+
+def _time(plan, trace, grid, flush, cp, title):
     out = {}
     for mode in ("cold", "hot"):
         plan.launch()
@@ -75,23 +83,58 @@ def run(text, splits, flush, cp):
                 rows.append(f"{NAMES[m]}: min {col.min() / 1000:.2f} med {np.median(col) / 1000:.2f} "
                             f"max {col.max() / 1000:.2f}")
         out[mode] = (ms, rows)
-    print(f"== {shape.label} route {variant.name} splits {ns} grid {grid[0]} smem {smem} cluster {plan.cluster} "
-          f"ctas/SM {loaded.ctas_per_sm}")
+    print(f"== {title}")
     for mode, (us, rows) in out.items():
         print(f"   {mode}: event {us:.2f} us | " + " | ".join(rows))
+
+
+def run_paged(text, splits, flush, cp):
+    from gqadrv.gqa import paged as gpaged
+    from gqadrv.gqa.paged_contract import validate_paged
+    from gqadrv.runtime.module import ArgPack, LaunchPlan
+
+    parts = text.split(",")
+    b, length, page, layout = int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
+    table_tokens = int(parts[4]) if len(parts) > 4 else length
+    hq, hkv, d = 32, 8, 128
+    rng = np.random.default_rng(0)
+    mp = -(-length // page)
+    width = max(mp, -(-table_tokens // page))
+    shape = (b * mp, page, hkv, d) if layout == "NHD" else (b * mp, hkv, page, d)
+    k = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+    v = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+    table = cp.full((b, width), 2147480000, cp.int32)
+    table[:, :mp] = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
+    lens = cp.full(b, length, cp.int32)
+    q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
+    o = cp.empty_like(q)
+    s = int(cp.cuda.get_current_stream().ptr)
+    prob = validate_paged(q, k, v, table, lens, layout, o, None, 1.0, None, stream=s)
+    variant, loaded, maps = gpaged.route(prob, None, False)
+    ns, subs = gpaged.splits_for(prob, variant, loaded, False, splits or None)
+    ws = gpaged._split_workspace(prob, variant, ns, s, pooled=False)
+    grid, block, smem, cluster = gpaged.launch_shape(prob, variant, loaded, ns, subs)
+    trace = cp.zeros(grid[0] * 16, cp.uint64)
+    args = gpaged.args_fields(prob, variant, out_ptr=int(o.data.ptr), lse_ptr=0, ws=ws, status_ptr=int(trace.data.ptr),
+                              splits=ns, split_subs=subs, spec=gpaged.speculates(prob, variant, loaded.ctas_per_sm, ns))
+    pack = ArgPack(variant.family.signature).pack(*gpaged.param_values(variant, maps, args))
+    plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True, cluster=cluster)
+    _time(plan, trace, grid, flush, cp, f"paged {text} route {variant.name} splits {ns} grid {grid[0]} smem {smem} "
+          f"cluster {cluster} spec {bool(args['flags'] & gpaged.GQA_PAGED_FLAG_SPEC)}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["1,64,[1]", "4,256,[64;127;191;256]", "1,1024,[1024]", "1,4096,[3968]"])
     ap.add_argument("--splits", default="0", help="comma list; 0 = heuristic")
+    ap.add_argument("--paged", action="store_true", help="shapes are paged rows B,L,PAGE,LAYOUT[,TABLE_TOKENS]")
     a = ap.parse_args()
     import cupy as cp
 
     flush = cp.empty(512 << 20, cp.uint8)
     for text in a.shapes:
         for ns in a.splits.split(","):
-            run(text, int(ns), flush, cp)
+            (run_paged if a.paged else run)(text, int(ns), flush, cp)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ BACKEND_FAMILIES = {
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
-              "GQADRV_KV8_T", "GQADRV_CLUSTER_MERGE")
+              "GQADRV_KV8_T", "GQADRV_CLUSTER_MERGE", "GQADRV_PAGED_SPEC")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.

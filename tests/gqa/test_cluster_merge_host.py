@@ -180,6 +180,34 @@ def test_paged_launch_shape(monkeypatch):
     assert paged.launch_shape(pr, v, loaded, 16, 0)[3] is None
 
 
+def test_paged_speculation_one_wave_only(monkeypatch):
+    """The paged TMA kernel's speculative ring fill (GQA_PAGED_FLAG_SPEC, defined alike in the
+    header) is asked for one-wave grids of the TMA family with D <= 128 only, and
+    GQADRV_PAGED_SPEC=0 turns it off."""
+    import re
+    import types
+
+    from gqadrv.gqa import paged, paged_args
+    from gqadrv.runtime.compiler import kernels_root
+
+    text = (kernels_root() / "gqa" / "common" / "paged_args.cuh").read_text()
+    assert int(re.search(r"#define GQA_PAGED_FLAG_SPEC (\d+)", text).group(1)) == paged_args.GQA_PAGED_FLAG_SPEC
+    stub_gpu(monkeypatch)  # 132 SMs
+    monkeypatch.delenv("GQADRV_PAGED_SPEC", raising=False)
+    v = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=True)
+    pr = types.SimpleNamespace(batch=1, num_kv_heads=8, rows=4, device=0, table=object())
+    assert paged.speculates(pr, v, 1, 16)                       # 128 CTAs
+    assert not paged.speculates(pr, v, 1, 17)                   # 136 CTAs: more than one wave
+    assert paged.speculates(pr, v, 2, 33)                       # 264 CTAs at two per SM
+    assert not paged.speculates(types.SimpleNamespace(**{**vars(pr), "table": None}), v, 1, 1)
+    cp_async = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=False)
+    assert not paged.speculates(pr, cp_async, 1, 1)
+    d256 = routes.select_paged_variant((9, 0), 256, "float16", 4, None, tma_ok=True)
+    assert d256.family.name == "paged_tma" and not paged.speculates(pr, d256, 1, 1)
+    monkeypatch.setenv("GQADRV_PAGED_SPEC", "0")
+    assert not paged.speculates(pr, v, 1, 16)
+
+
 def test_paged_split_counts_take_no_extra_round(monkeypatch):
     monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
     v = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=True)

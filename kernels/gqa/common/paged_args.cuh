@@ -16,7 +16,10 @@
 // which covers NHD [pages, page, Hkv, D], HND [pages, Hkv, page, D], the combined [pages, 2, ...]
 // forms (v = k + one K plane) and the contiguous [B, 2, Hkv, C, D] cache (table == null: request b
 // is page b of C tokens). Token t of request b lives on page table[b * table_stride + (t >> page_shift)]
-// at t & (2^page_shift - 1); table entries of tokens >= len are never read.
+// at t & (2^page_shift - 1); table entries of tokens >= len are never used: the TMA kernel's
+// speculative ring fill (GQA_PAGED_FLAG_SPEC) may load entries up to the capacity before the length
+// is known, but it hands them only to TMA (which zero-fills a page id outside the pool without
+// reading memory) and discards every load the length does not confirm.
 //
 // Rows: the CTA's query rows are s_q * group (query token j, head h of the group) in the order
 // r = j * group + h, cut into row blocks of ROWS (the MMA rows); row r of token j sees keys
@@ -66,6 +69,12 @@ struct GqaPagedArgs {
 // The TMA kernel's tensor maps are HND-ordered (D, page, Hkv, pages) instead of NHD-ordered
 // (D, Hkv, page, pages): the box coordinates swap.
 #define GQA_PAGED_FLAG_HND 4
+// The TMA kernel fills its ring before the length is known (the host sets it for one-wave grids,
+// gqa/paged.speculates): from the block-table entries of the sub-tiles each warp owns whatever the
+// length, because the balanced splits then take the sub-tiles in interleaved order (warp w of split
+// s: s * W + w, then every S * W-th); the batch-invariant mode keeps its fixed splits (the guess
+// len = capacity is exact for every split that holds tokens).
+#define GQA_PAGED_FLAG_SPEC 8
 
 struct PagedSchedule {
   int b, kvh, rb, split;
@@ -90,7 +99,8 @@ struct PagedSchedule {
 #define GQA_PAGED_DET_EXIT 0
 #endif
 
-GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
+// The CTA's (batch, KV head, row block, split) from its grid position (no memory read).
+GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) {
   PagedSchedule s;
   s.split = (int)blockIdx.x % a.num_splits;
   const int unit = (int)blockIdx.x / a.num_splits;
@@ -99,7 +109,15 @@ GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_su
   const int bh = unit / a.row_blocks;
   s.b = bh / a.hkv;
   s.kvh = bh - s.b * a.hkv;
-  s.raw_len = a.lengths[s.b];
+  return s;
+}
+
+// The sub-tiles of unit `u` (paged_unit) for the stored length `raw` (a.lengths[u.b], or a.capacity
+// for the TMA kernel's speculative guess): split_point over the length's sub-tiles (balanced), or the
+// fixed splits of the batch-invariant mode. (The TMA kernel's interleaved order, GQA_PAGED_FLAG_SPEC,
+// takes only len from here.)
+GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, PagedSchedule s, int tok_per_sub, int raw) {
+  s.raw_len = raw;
   s.len = s.raw_len < 0 ? 0 : (s.raw_len > a.capacity ? a.capacity : s.raw_len);
   const int nsub = (s.len + tok_per_sub - 1) / tok_per_sub;
   s.splits_used = a.num_splits;
@@ -116,4 +134,9 @@ GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_su
     s.sub_end = split_point(nsub, s.split + 1, a.num_splits);
   }
   return s;
+}
+
+GQADRV_DEVICE PagedSchedule paged_schedule(const GqaPagedArgs& a, int tok_per_sub) {
+  const PagedSchedule u = paged_unit(a);
+  return paged_schedule(a, u, tok_per_sub, a.lengths[u.b]);
 }

@@ -88,7 +88,7 @@ GQADRV_DEVICE void paged_prefetch(const GqaPagedArgs& a, int lane) {
 // no part in the ticket; it only clears its bad-page status word. Returns true when the CTA is done.
 GQADRV_DEVICE bool paged_idle_split(const GqaPagedArgs& a, const PagedSchedule& sc) {
   if (sc.split < sc.splits_used) return false;
-  if (a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0)
+  if (!GQA_TRACE && a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0)
     a.status[(long long)sc.b * (1 + a.num_splits) + 1 + sc.split] = 0u;
   return true;
 }
@@ -119,7 +119,9 @@ GQADRV_DEVICE void paged_cta_tail(Dec& dec, const GqaPagedArgs& a, const PagedSc
   const int rows_here = a.rows - row0 < ROWS ? a.rows - row0 : ROWS;
   dec.store_state(MA::ml(smem, warp), MA::os(smem, warp), rows_here);
   __syncthreads();
-  if (a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0) {
+  GQA_MARK(a, 5);
+  // GQA_TRACE builds use the status buffer for the trace (tools/trace_decode.py --paged): no status word.
+  if (!GQA_TRACE && a.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0) {
     u32* st = a.status + (long long)sc.b * (1 + a.num_splits);
     if (sc.split == 0) st[0] = sc.raw_len <= 0 ? 1u : (sc.raw_len > a.capacity ? 2u : 0u);
     u32 b = 0u;

@@ -7,10 +7,16 @@
 // CTA work   one (batch b, KV head kvh, row block rb, split s) of the grid B*Hkv*RB*S, as in the
 //            cp.async kernel: ROWS query rows against the split's sub-tiles of TOK tokens.
 // Warps      GQA_WARPS identical consumer warps, no producer warp: warp w takes sub-tiles
-//            begin+w, begin+w+W, ... ; its lanes 0..NBOX-1 load the page ids of the sub-tile's
-//            boxes one ring step ahead (block table, never past len), lane 0 issues the TMA loads
-//            of its private ring. A sub-tile is NBOX = TOK / min(TOK, page) boxes of
-//            min(TOK, page) tokens per 64-channel block, each inside one page.
+//            begin+w, begin+w+W, ... of its split, or with GQA_PAGED_FLAG_SPEC and balanced splits
+//            s*W+w, s*W+w+S*W, ... (interleaved: independent of the length); its lanes
+//            0..NBOX-1 load the page ids of the sub-tile's boxes one ring step ahead (block table),
+//            lane 0 issues the TMA loads of its private ring. A sub-tile is NBOX = TOK / min(TOK,
+//            page) boxes of min(TOK, page) tokens per 64-channel block, each inside one page.
+// Start      after griddepcontrol.wait the length load is issued first; with GQA_PAGED_FLAG_SPEC
+//            (one-wave grids) the first STAGES sub-tiles' page ids are read beside it and their TMA
+//            loads issued before the length arrives (entries up to the capacity: past the request's
+//            pages they only reach TMA, which zero-fills out-of-pool ids, and loads past the length
+//            are waited out unused); without it the page ids of tokens >= len are never read.
 // Tiles      4-D tensor maps over the K and V pools: NHD (D, Hkv, page, pages), box
 //            {64, 1, BT, 1}; HND (D, page, Hkv, pages), box {64, BT, 1, 1} (GQA_PAGED_FLAG_HND);
 //            128B swizzle, so a slot holds D/64 blocks of TOK rows x 128 B exactly as the other
@@ -48,8 +54,11 @@ constexpr int LOG2_TOK = TOK == 16 ? 4 : (TOK == 32 ? 5 : 6);
 static_assert(TOK == 16 || TOK == 32 || TOK == 64, "tokens per sub-tile");
 constexpr u32 RING_BYTES = (u32)W * STAGES * SLOT_BYTES;
 using RA = RecvArea<D, ROWS, W, RING_BYTES>;
-// The cluster merge is built for D <= 128 (routes.cluster_merge_applies), as in decode_tma.cu.
+// The cluster merge is built for D <= 128 (routes.cluster_merge_applies), as in decode_tma.cu; so is
+// the speculative start (GQA_PAGED_FLAG_SPEC, paged.speculates): the D = 256 e4m3 16-row build has
+// no register left for it (a 4-byte spill on sm_90a).
 constexpr bool CLUSTER_MERGE = D <= 128;
+constexpr bool SPEC_BUILD = D <= 128;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(W * 32, 1)
@@ -87,33 +96,30 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   }
   __syncwarp();
   if (ncl > 1) cluster_arrive_relaxed();  // after the inits: see cluster_merge.cuh
-  pdl_wait();
-  if (warp == 0) paged_prefetch<ROWS, D>(args, lane);  // q rows and the table row: overlap the length's load
-  const PagedSchedule sc = paged_schedule(args, TOK);
-#if GQA_PAGED_DET_EXIT
-  if (paged_idle_split(args, sc)) return;  // a batch-invariant split past the request's tokens
-#endif
-  const int first = sc.sub_begin + warp;
-  const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
-  u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
+  // Everything up to griddepcontrol.wait reads no memory (grid position, kernel parameters).
+  const PagedSchedule unit = paged_unit(args);
   const u64 policy = (args.flags & GQA_FLAG_L2_EVICT_FIRST) ? l2_policy_evict_first() : l2_policy_evict_normal();
   const bool hnd = (args.flags & GQA_PAGED_FLAG_HND) != 0;
+  const bool spec_on = SPEC_BUILD && (args.flags & GQA_PAGED_FLAG_SPEC) != 0;
   const int bshift = args.page_shift < LOG2_TOK ? args.page_shift : LOG2_TOK;  // log2 of box rows
   const int nbox = TOK >> bshift;                                                // 1 .. TOK / 16 (page >= 16)
   const int in_page = (1 << args.page_shift) - 1;
-  const int* trow = args.table + (long long)sc.b * args.table_stride;
+  const int* trow = args.table + (long long)unit.b * args.table_stride;
+  u8* ring = smem + (size_t)warp * STAGES * SLOT_BYTES;
   bool bad = false;
 
-  // Page id of box `lane` of this warp's i-th sub-tile (lanes < nbox): -1 past len (no table read).
-  auto fetch = [&](int i) -> int {
-    const int t = (first + i * W) * TOK + (lane << bshift);
-    if (i >= count || lane >= nbox || t >= sc.len) return -1;
+  // Page id of box `lane` of sub-tile `sub` (lanes < nbox): -1 at or past `limit` (no table read).
+  auto fetch_at = [&](int sub, int limit) -> int {
+    const int t = sub * TOK + (lane << bshift);
+    if (lane >= nbox || t >= limit) return -1;
     return __ldg(trow + (t >> args.page_shift));
   };
-  auto issue = [&](int i, int my_pg) {  // all lanes (shuffles); lane 0 issues
-    const int tok0 = (first + i * W) * TOK;
-    if (lane < nbox && tok0 + (lane << bshift) < sc.len && (unsigned)my_pg >= (unsigned)args.num_pages) bad = true;
-    const int slot_idx = i % STAGES;
+  // Lanes < nbox: whether this lane's box of sub-tile `sub` starts below `len` on a page id outside the pool.
+  auto bad_box = [&](int sub, int my_pg, int len) -> bool {
+    return lane < nbox && sub * TOK + (lane << bshift) < len && (unsigned)my_pg >= (unsigned)args.num_pages;
+  };
+  auto issue = [&](int slot_idx, int sub, int my_pg) {  // all lanes (shuffles); lane 0 issues
+    const int tok0 = sub * TOK;
     const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
     const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
     if (lane == 0) mbar_arrive_expect_tx(bar, SLOT_BYTES);
@@ -121,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
       const int pg = __shfl_sync(0xffffffffu, my_pg, k);
       if (lane == 0) {
         const int tin = (tok0 + (k << bshift)) & in_page;
-        const int c1 = hnd ? tin : sc.kvh, c2 = hnd ? sc.kvh : tin;
+        const int c1 = hnd ? tin : unit.kvh, c2 = hnd ? unit.kvh : tin;
 #pragma unroll
         for (int cb = 0; cb < NB; ++cb) {
           const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
@@ -132,12 +138,78 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     }
   };
 
+  // ---- speculative ring fill (GQA_PAGED_FLAG_SPEC): the first sub-tiles of this warp, from table
+  // entries read beside the length (not after it). Balanced splits then take the sub-tiles in
+  // interleaved order (warp w of split s: s * W + w, then every S * W-th), so a warp's sub-tiles do
+  // not depend on the length and the fill is exact up to the request's last sub-tile; the
+  // batch-invariant mode's fixed splits guess len = capacity (exact for every split holding tokens).
+  // Entries past the request's pages only reach TMA (out-of-pool ids are zero-filled); loads past
+  // the length are waited out, never used.
+  const bool inter = spec_on && args.split_subs == 0;
+  const int step = inter ? args.num_splits * W : W;  // between this warp's sub-tiles
+  auto warp_range = [&](const PagedSchedule& s, int& first, int& count) {
+    if (inter) {
+      first = s.split * W + warp;
+      const int nsub = (s.len + TOK - 1) / TOK;
+      count = first < nsub ? (nsub - first + step - 1) / step : 0;
+    } else {
+      first = s.sub_begin + warp;
+      count = first < s.sub_end ? (s.sub_end - first + W - 1) / W : 0;
+    }
+  };
+  int first_c, count_c;
+  warp_range(paged_schedule(args, unit, TOK, args.capacity), first_c, count_c);  // no memory read
+  const int spec = spec_on ? (count_c < STAGES ? count_c : STAGES) : 0;
+  GQA_MARK(args, 0);
+  pdl_wait();
+  GQA_MARK(args, 1);
+  // The length first (the one load the schedule depends on; D = 256 builds read it in paged_schedule,
+  // as before the speculative start: their registers are all taken), then the guessed sub-tiles'
+  // table entries beside it, then the prefetches of the q rows and the table row.
+  const int raw_len = SPEC_BUILD ? args.lengths[unit.b] : 0;
   int pg[STAGES];
 #pragma unroll
-  for (int s = 0; s < STAGES; ++s) pg[s] = fetch(s);
+  for (int s = 0; s < STAGES; ++s) pg[s] = s < spec ? fetch_at(first_c + s * step, args.capacity) : -1;
+  if (warp == 0) paged_prefetch<ROWS, D>(args, lane);
 #pragma unroll
   for (int s = 0; s < STAGES; ++s)
-    if (s < count) issue(s, pg[s]);
+    if (s < spec) issue(s, first_c + s * step, pg[s]);
+
+  const PagedSchedule sc = SPEC_BUILD ? paged_schedule(args, unit, TOK, raw_len) : paged_schedule(args, TOK);
+  GQA_MARK(args, 2);
+#if GQA_PAGED_DET_EXIT
+  if (paged_idle_split(args, sc)) {  // a batch-invariant split past the request's tokens
+    for (int s = 0; s < spec; ++s) mbar_wait(smem_u32(&full_bar[warp][s]), 0u);  // no copy outlives the CTA
+    return;
+  }
+#endif
+  int first, count;
+  warp_range(sc, first, count);
+  // Keep the speculative loads when this warp's first sub-tile matches (then every kept load is the
+  // right one: same first, same step; always so in the interleaved order); otherwise wait them out
+  // and refill: those slots are one phase ahead.
+  const bool keep = spec > 0 && first == first_c;
+  int shifted = 0;  // slots [0, shifted) carry one extra completed phase
+  if (keep) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      if (s < spec && s < count && bad_box(first + s * step, pg[s], sc.len)) bad = true;
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) pg[s] = s < count ? fetch_at(first + s * step, sc.len) : -1;
+    if (spec > 0) {
+      for (int s = 0; s < spec; ++s) mbar_wait(smem_u32(&full_bar[warp][s]), 0u);
+      shifted = spec;
+      __syncwarp();
+      if (lane == 0) fence_proxy_async_smem();
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      if (s < count) {
+        if (bad_box(first + s * step, pg[s], sc.len)) bad = true;
+        issue(s, first + s * step, pg[s]);
+      }
+  }
 
   Decoder dec;
   dec.init(lane);
@@ -145,17 +217,23 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   pdl_launch_dependents();
 
   for (int i = 0; i < count; ++i) {
-    const int nxt = fetch(i + STAGES);  // in flight during this step
+    const int nxt = i + STAGES < count ? fetch_at(first + (i + STAGES) * step, sc.len) : -1;  // in flight during this step
     const int slot = i % STAGES;
-    mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)((i / STAGES) & 1));
+    mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)(((i / STAGES) + (slot < shifted ? 1 : 0)) & 1));
+    if (i == 0) GQA_MARK(args, 3);
     SwizzledSmemChunks src{ring + (size_t)slot * SLOT_BYTES};
-    dec.step(src, (first + i * W) * TOK, sc.len, args.scale_log2);
+    dec.step(src, (first + i * step) * TOK, sc.len, args.scale_log2);
     __syncwarp();
     if (i + STAGES < count) {
       if (lane == 0) fence_proxy_async_smem();
-      issue(i + STAGES, nxt);
+      if (bad_box(first + (i + STAGES) * step, nxt, sc.len)) bad = true;
+      issue(slot, first + (i + STAGES) * step, nxt);
     }
   }
+  // Kept speculative loads past the real sub-tile count: let them land before smem is reused.
+  if (keep)
+    for (int s = count; s < spec; ++s) mbar_wait(smem_u32(&full_bar[warp][s]), 0u);
+  GQA_MARK(args, 4);
   paged_cta_tail<W, RING_BYTES>(dec, args, sc, smem, &s_ticket, s_bad, bad, warp, lane,
                                 ClusterMergeCtx{ncl, crank, smem_u32(&recv_bar)});
 }
