@@ -12,7 +12,8 @@
 //            0..NBOX-1 load the page ids of the sub-tile's boxes one ring step ahead (block table),
 //            lane 0 issues the TMA loads of its private ring. A sub-tile is NBOX = TOK / min(TOK,
 //            page) boxes of min(TOK, page) tokens per 64-channel block, each inside one page.
-// Start      after griddepcontrol.wait the length load is issued first; with GQA_PAGED_FLAG_SPEC
+// Start      after griddepcontrol.wait the length load is issued first (D = 256 builds: with the
+//            schedule, as before; they never speculate); with GQA_PAGED_FLAG_SPEC
 //            (one-wave grids) the first STAGES sub-tiles' page ids are read beside it and their TMA
 //            loads issued before the length arrives (entries up to the capacity: past the request's
 //            pages they only reach TMA, which zero-fills out-of-pool ids, and loads past the length
@@ -22,14 +23,15 @@
 //            128B swizzle, so a slot holds D/64 blocks of TOK rows x 128 B exactly as the other
 //            routes (WarpDecoder<..., CAUSAL = true>, mma.sync m16n8k16). GQA_KV8 = 1 (e4m3, D >= 128):
 //            uint8 maps with boxes of 128 codes per row, D/128 blocks (WarpDecoder<..., KV8 = true>). Boxes of tokens >= len
-//            use page coordinate -1 and page ids outside [0, num_pages) are out of the map: TMA
+//            (outside the speculative fill) use page coordinate -1 and page ids outside [0, num_pages) are out of the map: TMA
 //            fills both with zeros without reading memory (still counted by complete_tx).
 // Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 blocks of TOK x 128 B, 1024-byte
 //            aligned), reused after the loop as the MergeArea and the split-merge scratch (cluster
 //            launches: every CTA's receive area past both, RecvArea of cluster_merge.cuh);
 //            mbarriers full[W][STAGES] in static shared memory.
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*NB*NBOX boxes complete it;
-//            parity (i / STAGES) & 1 for the warp's i-th sub-tile. A slot is refilled by lane 0
+//            parity (i / STAGES) & 1 for the warp's i-th sub-tile, plus one on the slots whose
+//            speculative fill was waited out and dropped (`shifted`). A slot is refilled by lane 0
 //            after __syncwarp + fence.proxy.async (its readers are its own warp). __syncthreads
 //            before the warp states become the merge area and before the merge; split ticket:
 //            cta_epilogue_rows (gqa/common/cta.cuh).
