@@ -31,8 +31,8 @@ CASES = [
     (1, 4096, 32, 8, 128, "float16", 64, "HND", [3071], None, 0, False),                    # just below 3/4
     (2, 2048, 16, 2, 128, "float16", 16, "NHD", [2048, 1500], 8, 0, False),                 # one kept, one not
     (3, 1024, 8, 1, 64, "bfloat16", 32, "NHD", [1000, 0, 10**9], 5, 0, False),              # 4-stage ring
-    (2, 2048, 32, 4, 128, "float16", 16, "HND", [2047, -3], 16, TABLE_POISON, False),        # clusters of 16
-    (2, 2048, 32, 4, 128, "float16", 16, "NHD", [1537, 1], 6, 0, False),                    # ticket (6 splits)
+    (2, 2048, 32, 4, 128, "float16", 16, "HND", [2047, -3], 16, TABLE_POISON, False),        # 16 splits
+    (2, 2048, 32, 4, 128, "float16", 16, "NHD", [1537, 1], 6, 0, False),                    # 6 splits
     (1, 4096, 16, 2, 128, "bfloat16", 64, "NHD", [4000], None, 0, False),                   # group 8
     (1, 4096, 32, 8, 128, "float16", 16, "NHD", [1000], None, 0, True),                     # idle splits
     (2, 8192, 8, 1, 128, "bfloat16", 256, "HND", [8192, 3000], None, 0, True),              # batch-invariant
