@@ -189,12 +189,15 @@ def workspace_sizes(problem: PagedProblem, variant: _routes.Variant, splits: int
             "counters": (units, "u32")}
 
 
+SPEC_MAX_HEAD_DIM = 128  # SPEC_BUILD of kernels/gqa/sm90/decode_paged_tma.cu (D 256 has no register for it)
+
+
 def speculates(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int, splits: int) -> bool:
     """Whether the TMA kernel fills its ring before the length is known (GQA_PAGED_FLAG_SPEC,
     kernels/gqa/sm90/decode_paged_tma.cu): for grids of one wave, where each CTA's start is on the
     critical path (a wave behind another hides it, and a wrong guess costs a ring fill of reads).
-    Head dims up to 128 (SPEC_BUILD of the kernel). GQADRV_PAGED_SPEC=0 turns it off (tuning only)."""
-    if (variant.family.name != "paged_tma" or variant.head_dim > 128 or problem.table is None
+    Head dims up to SPEC_MAX_HEAD_DIM. GQADRV_PAGED_SPEC=0 turns it off (tuning only)."""
+    if (variant.family.name != "paged_tma" or variant.head_dim > SPEC_MAX_HEAD_DIM or problem.table is None
             or os.environ.get("GQADRV_PAGED_SPEC") == "0"):
         return False
     ctas = problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits

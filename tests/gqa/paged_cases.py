@@ -317,6 +317,40 @@ def device_case(h: HostCase, upload=None) -> DeviceCase:
     return DeviceCase(upload(h.q), k, v, bt, upload(h.seq_lens), keep + (wide,))
 
 
+def dense_case(B, C, hq, hkv, D, dtype, page, layout, s_q, lens, seed, table_fill=TABLE_POISON):
+    """One request set of a hand-written GPU case (the cluster and speculation files): random q / K / V of
+    ``C`` tokens per request scattered into shuffled pages (two unused, NaN in every unused page and tail
+    slot, table entries past the pages ``table_fill``), lengths as given (clipped to int32), and the
+    float64 oracle. Returns (q, k_cache, v_cache, block_table, lengths, ref_out, ref_lse)."""
+    rng = np.random.default_rng(seed)
+    dt = np_dtype(dtype)
+    q = rng.standard_normal((B, s_q, hq, D), dtype=np.float32).astype(dt)
+    k = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
+    v = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
+    lens = np.array(lens, np.int64).clip(-(2**31), 2**31 - 1).astype(np.int32)
+    kc, vc, bt = paged_kv_from_contiguous(k, v, np.minimum(lens, C).clip(0), page, kv_layout=layout,
+                                          max_pages=-(-C // page), extra_pages=2, rng=rng, fill=np.nan,
+                                          table_fill=table_fill)
+    ref_out, ref_lse = gqa_decode_paged_reference(q, kc, vc, bt, lens, kv_layout=layout)
+    return q, kc, vc, bt, lens, ref_out, ref_lse
+
+
+def prepare_poisoned(d, layout, splits, *, lse=True, deterministic=False):
+    """``prepare_gqa_decode_paged`` of device arrays (q, k_cache, v_cache, block_table, lengths) into an
+    output of all-ones bits (NaN) and an LSE buffer of NaN (or none); returns (prepared, out, lse)."""
+    import cupy as cp
+
+    import gqadrv
+
+    q, kc, vc, bt, sl = d
+    o = cp.empty_like(q)
+    o.view(cp.uint16).fill(0xFFFF)
+    lb = cp.full(q.shape[:3], np.nan, cp.float32) if lse else None
+    p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=o, lse=lb,
+                                        kv_layout=layout, num_splits=splits, deterministic=deterministic)
+    return p, o, lb
+
+
 def check_paged(got_out, got_lse, h_out: np.ndarray, h_lse: np.ndarray | None, dtype: str, label: str,
                 record: bool = True) -> None:
     """out: finite everywhere, exactly 0 on rows without a key, within TOL of the oracle; lse (when

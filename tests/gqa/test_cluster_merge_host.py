@@ -192,6 +192,8 @@ def test_paged_speculation_one_wave_only(monkeypatch):
 
     text = (kernels_root() / "gqa" / "common" / "paged_args.cuh").read_text()
     assert int(re.search(r"#define GQA_PAGED_FLAG_SPEC (\d+)", text).group(1)) == paged_args.GQA_PAGED_FLAG_SPEC
+    kernel = (kernels_root() / "gqa" / "sm90" / "decode_paged_tma.cu").read_text()
+    assert int(re.search(r"constexpr bool SPEC_BUILD = D <= (\d+);", kernel).group(1)) == paged.SPEC_MAX_HEAD_DIM
     stub_gpu(monkeypatch)  # 132 SMs
     monkeypatch.delenv("GQADRV_PAGED_SPEC", raising=False)
     v = routes.select_paged_variant((9, 0), 128, "float16", 4, None, tma_ok=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gqadrv.gqa.reference import gqa_decode_paged_reference, paged_kv_from_contiguous
-from tests.gqa.paged_cases import check_paged, np_dtype
+from gqadrv.gqa.reference import gqa_decode_paged_reference
+from tests.gqa.paged_cases import check_paged, dense_case, prepare_poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -27,33 +27,6 @@ CASES = [
 ]
 
 
-def _host(B, C, hq, hkv, D, dtype, page, layout, s_q, lens, seed):
-    rng = np.random.default_rng(seed)
-    dt = np_dtype(dtype)
-    q = rng.standard_normal((B, s_q, hq, D), dtype=np.float32).astype(dt)
-    k = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
-    v = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
-    lens = np.array(lens, np.int64).clip(-1, 2**31 - 1).astype(np.int32)
-    kc, vc, bt = paged_kv_from_contiguous(k, v, np.minimum(lens, C).clip(0), page, kv_layout=layout,
-                                          max_pages=-(-C // page), extra_pages=2, rng=rng, fill=np.nan)
-    ref_out, ref_lse = gqa_decode_paged_reference(q, kc, vc, bt, lens, kv_layout=layout)
-    return q, kc, vc, bt, lens, ref_out, ref_lse
-
-
-def _prepare(d, layout, splits, lse=True):
-    import cupy as cp
-
-    import gqadrv
-
-    q, kc, vc, bt, sl = d
-    o = cp.empty_like(q)
-    o.view(cp.uint16).fill(0xFFFF)
-    lb = cp.full(q.shape[:3], np.nan, cp.float32) if lse else None
-    p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=o, lse=lb,
-                                        kv_layout=layout, num_splits=splits)
-    return p, o, lb
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}C{c[1]}h{c[2]}/{c[3]}d{c[4]}{c[5][:2]}p{c[6]}{c[7]}"
                                                      f"sq{c[8]}S{c[10]}")
 def test_paged_cluster_merge_against_oracle_and_ticket(monkeypatch, case):
@@ -63,9 +36,9 @@ def test_paged_cluster_merge_against_oracle_and_ticket(monkeypatch, case):
 
     B, C, hq, hkv, D, dtype, page, layout, s_q, lens, splits = case
     monkeypatch.delenv("GQADRV_CLUSTER_MERGE", raising=False)
-    q, kc, vc, bt, hl, ref_out, ref_lse = _host(B, C, hq, hkv, D, dtype, page, layout, s_q, lens, seed=C + splits)
+    q, kc, vc, bt, hl, ref_out, ref_lse = dense_case(B, C, hq, hkv, D, dtype, page, layout, s_q, lens, seed=C + splits)
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
-    p, o, lb = _prepare(d, layout, splits)
+    p, o, lb = prepare_poisoned(d, layout, splits)
     (plan,) = p._plans
     assert p.route.startswith("paged_tma_") and p.num_splits == splits
     assert plan.cluster == (splits, 1, 1), "this launch should merge its splits in a cluster"
@@ -76,7 +49,7 @@ def test_paged_cluster_merge_against_oracle_and_ticket(monkeypatch, case):
     check_paged(got_o, got_l, ref_out, ref_lse, dtype, "paged cluster merge")
 
     monkeypatch.setenv("GQADRV_CLUSTER_MERGE", "0")
-    p2, o2, lb2 = _prepare(d, layout, splits)
+    p2, o2, lb2 = prepare_poisoned(d, layout, splits)
     assert p2._plans[0].cluster is None and p2.route == p.route
     gqadrv.launch_prepared(p2)
     cp.cuda.Device().synchronize()
@@ -94,7 +67,7 @@ def test_paged_cluster_merge_convenience_and_graph():
 
     B, C, hq, hkv, D, page = 2, 2048, 16, 2, 128, 16
     lens0 = [C, C]
-    q, kc, vc, bt, hl, _, _ = _host(B, C, hq, hkv, D, "float16", page, "NHD", 1, lens0, seed=5)
+    q, kc, vc, bt, hl, _, _ = dense_case(B, C, hq, hkv, D, "float16", page, "NHD", 1, lens0, seed=5)
     dq, dkc, dvc, dbt = (cp.asarray(x) for x in (q, kc, vc, bt))
     dl = cp.asarray(hl)
     for _ in range(2):
@@ -102,7 +75,7 @@ def test_paged_cluster_merge_convenience_and_graph():
         ref_out, ref_lse = gqa_decode_paged_reference(q, kc, vc, bt, hl)
         check_paged(cp.asnumpy(out), cp.asnumpy(lse), ref_out, ref_lse, "float16", "paged cluster convenience")
     s = cp.cuda.Stream(non_blocking=True)
-    p, o, lb = _prepare((dq, dkc, dvc, dbt, dl), "NHD", 8)
+    p, o, lb = prepare_poisoned((dq, dkc, dvc, dbt, dl), "NHD", 8)
     assert p._plans[0].cluster == (8, 1, 1)
     gqadrv.launch_prepared(p, stream=s)
     s.synchronize()
@@ -126,7 +99,7 @@ def test_deterministic_mode_keeps_the_ticket():
 
     import gqadrv
 
-    q, kc, vc, bt, hl, ref_out, ref_lse = _host(1, 4096, 32, 8, 128, "float16", 16, "NHD", 1, [4096], seed=9)
+    q, kc, vc, bt, hl, ref_out, ref_lse = dense_case(1, 4096, 32, 8, 128, "float16", 16, "NHD", 1, [4096], seed=9)
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
     o = cp.empty_like(d[0])
     lb = cp.empty(d[0].shape[:3], cp.float32)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gqadrv.gqa.reference import TABLE_POISON, gqa_decode_paged_reference, paged_kv_from_contiguous
-from tests.gqa.paged_cases import check_paged, np_dtype
+from gqadrv.gqa.reference import TABLE_POISON, gqa_decode_paged_reference
+from tests.gqa.paged_cases import check_paged, dense_case, prepare_poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -39,34 +39,6 @@ CASES = [
 ]
 
 
-def _host(B, C, hq, hkv, D, dtype, page, layout, lens, table_fill, seed):
-    rng = np.random.default_rng(seed)
-    dt = np_dtype(dtype)
-    q = rng.standard_normal((B, 1, hq, D), dtype=np.float32).astype(dt)
-    k = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
-    v = rng.standard_normal((B, C, hkv, D), dtype=np.float32).astype(dt)
-    lens = np.array(lens, np.int64).clip(-(2**31), 2**31 - 1).astype(np.int32)
-    kc, vc, bt = paged_kv_from_contiguous(k, v, np.minimum(lens, C).clip(0), page, kv_layout=layout,
-                                          max_pages=-(-C // page), extra_pages=2, rng=rng, fill=np.nan,
-                                          table_fill=table_fill)
-    ref_out, ref_lse = gqa_decode_paged_reference(q, kc, vc, bt, lens, kv_layout=layout)
-    return q, kc, vc, bt, lens, ref_out, ref_lse
-
-
-def _prepare(d, layout, splits, det):
-    import cupy as cp
-
-    import gqadrv
-
-    q, kc, vc, bt, sl = d
-    o = cp.empty_like(q)
-    o.view(cp.uint16).fill(0xFFFF)
-    lb = cp.full(q.shape[:3], np.nan, cp.float32)
-    p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=o, lse=lb,
-                                        kv_layout=layout, num_splits=splits, deterministic=det)
-    return p, o, lb
-
-
 def _flags(p) -> int:
     return p._plans[0].args.get_field("args.flags")
 
@@ -80,10 +52,10 @@ def test_speculative_fill_against_oracle_and_plain_start(monkeypatch, case):
 
     B, C, hq, hkv, D, dtype, page, layout, lens, splits, table_fill, det = case
     monkeypatch.delenv("GQADRV_PAGED_SPEC", raising=False)
-    q, kc, vc, bt, hl, ref_out, ref_lse = _host(B, C, hq, hkv, D, dtype, page, layout, lens, table_fill,
-                                                seed=C + len(lens) + D)
+    q, kc, vc, bt, hl, ref_out, ref_lse = dense_case(B, C, hq, hkv, D, dtype, page, layout, 1, lens,
+                                                     seed=C + len(lens) + D, table_fill=table_fill)
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
-    p, o, lb = _prepare(d, layout, splits, det)
+    p, o, lb = prepare_poisoned(d, layout, splits, deterministic=det)
     assert p.route.startswith("paged_tma_") and _flags(p) & SPEC, (p.route, _flags(p))
     for _ in range(3):  # repeated launches: nothing carries over between them
         gqadrv.launch_prepared(p)
@@ -94,7 +66,7 @@ def test_speculative_fill_against_oracle_and_plain_start(monkeypatch, case):
     assert st["bad_page"] == [], st
 
     monkeypatch.setenv("GQADRV_PAGED_SPEC", "0")
-    p2, o2, lb2 = _prepare(d, layout, splits, det)
+    p2, o2, lb2 = prepare_poisoned(d, layout, splits, deterministic=det)
     assert not _flags(p2) & SPEC and p2.route == p.route and p2.num_splits == p.num_splits
     gqadrv.launch_prepared(p2)
     cp.cuda.Device().synchronize()
@@ -116,11 +88,11 @@ def test_bad_page_in_a_kept_speculative_box(det):
     import gqadrv
 
     B, C, hq, hkv, D, page = 2, 4096, 32, 8, 128, 16
-    q, kc, vc, bt, hl, _, _ = _host(B, C, hq, hkv, D, "float16", page, "NHD", [C, C], TABLE_POISON, seed=3)
+    q, kc, vc, bt, hl, _, _ = dense_case(B, C, hq, hkv, D, "float16", page, "NHD", 1, [C, C], seed=3)
     bt = bt.copy()
     bt[1, 40] = kc.shape[0] + 5  # request 1, tokens 640..655: a split's first box under 16 or 8 splits
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
-    p, o, lb = _prepare(d, "NHD", None, det)
+    p, o, lb = prepare_poisoned(d, "NHD", None, deterministic=det)
     assert _flags(p) & SPEC
     gqadrv.launch_prepared(p)
     cp.cuda.Device().synchronize()
@@ -138,10 +110,10 @@ def test_graph_replays_cross_the_guess():
     import gqadrv
 
     B, C, hq, hkv, D, page = 2, 2048, 32, 8, 128, 16
-    q, kc, vc, bt, hl, _, _ = _host(B, C, hq, hkv, D, "float16", page, "NHD", [C, C], TABLE_POISON, seed=11)
+    q, kc, vc, bt, hl, _, _ = dense_case(B, C, hq, hkv, D, "float16", page, "NHD", 1, [C, C], seed=11)
     dq, dkc, dvc, dbt, dl = (cp.asarray(x) for x in (q, kc, vc, bt, hl))
     s = cp.cuda.Stream(non_blocking=True)
-    p, o, lb = _prepare((dq, dkc, dvc, dbt, dl), "NHD", None, False)
+    p, o, lb = prepare_poisoned((dq, dkc, dvc, dbt, dl), "NHD", None)
     assert _flags(p) & SPEC
     gqadrv.launch_prepared(p, stream=s)
     s.synchronize()
