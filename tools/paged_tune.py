@@ -14,13 +14,15 @@ cp.async kernel's per-chunk copy, the default before 2026-12-06), tma2 (GQADRV_T
 route), tma8 (8,32,1), det (deterministic=True), detall (deterministic=True with GQADRV_PAGED_DET_EXIT=0:
 every split takes part in the ticket, the default before 2026-12-06), ticket (GQADRV_CLUSTER_MERGE=0: the
 split merge through the workspace and the ticket, never in clusters), nospec (GQADRV_PAGED_SPEC=0: the TMA
-kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both).
+kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both);
+tiling=W,T,S (GQADRV_TILING=W,T,S on the TMA route: any warps x tokens x stages, e.g. tiling=8,16,2).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,12 +43,21 @@ ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "
         "16,4096,16,NHD,131072")
 
 
+def _tiling_config(name: str):
+    """The config of ``tiling=W,T,S`` (the TMA route with that tiling), or None."""
+    m = re.fullmatch(r"tiling=(\d+),(\d+),(\d+)", name)
+    return ({"GQADRV_TILING": ",".join(m.groups())}, "hopper", False) if m else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=list(ROWS), help="B,L,PAGE,LAYOUT")
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), help=f"{', '.join(CONFIGS)} or tiling=W,T,S")
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
+    for name in a.configs:
+        if name not in CONFIGS and not _tiling_config(name):
+            ap.error(f"unknown config {name!r}")
     import cupy as cp
     import numpy as np
 
@@ -73,7 +84,7 @@ def main() -> int:
         q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
         cells, ref = [], None
         for name in a.configs:
-            env, backend, det = CONFIGS[name]
+            env, backend, det = CONFIGS.get(name) or _tiling_config(name)
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
