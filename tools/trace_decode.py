@@ -9,8 +9,8 @@ Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub
 4 warp 0 done, 5 warp states merged in smem, 6 epilogue stores issued, 7 ticket drawn, 9 split
 merge computed, 8 counter reset (last CTA only). Paged rows (--paged: fp16, Hq 32, Hkv 8, D 128, every request
 at its full length L, pages in random order, table entries past them poisoned, as tools/paged_tune.py): the
-paged route's own kernel with the same marks, 2 meaning the schedule known (length read) and 4 every warp's
-last step done. In a cluster launch (the split merge through
+paged route's own kernel with the same marks, 10 the speculative start's first boxes issued (their
+block-table entries arrived), 2 meaning the schedule known (length read) and 4 every warp's last step done. In a cluster launch (the split merge through
 distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the
 rank that owns it, 7 every push into this CTA landed, 9 its chunk of the output stored; no 8."""
 
@@ -23,7 +23,7 @@ os.environ["GQADRV_TRACE"] = "1"
 
 import numpy as np  # noqa: E402
 
-NAMES = {0: "prologue", 1: "pdl_wait", 2: "len", 3: "first_tile", 4: "warp0_done", 5: "cta_merge",
+NAMES = {0: "prologue", 1: "pdl_wait", 10: "issued", 2: "len", 3: "first_tile", 4: "warp0_done", 5: "cta_merge",
          6: "stores", 7: "ticket", 9: "merged", 8: "done"}
 
 
@@ -76,7 +76,7 @@ def _time(plan, trace, grid, flush, cp, title):
         t = cp.asnumpy(trace).reshape(grid[0], 16).astype(np.int64)
         base = t[:, 0][t[:, 0] > 0].min()
         rows = []
-        for m in (0, 1, 2, 3, 4, 5, 6, 7, 9, 8):
+        for m in NAMES:
             col = t[:, m]
             col = col[col >= base] - base  # stamps of earlier launches (marks of last CTAs) are older
             if col.size:

@@ -176,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
 #pragma unroll
   for (int s = 0; s < STAGES; ++s)
     if (s < spec) issue(s, first_c + s * step, pg[s]);
+  GQA_MARK(args, 10);  // the speculative boxes issued (their page ids arrived)
 
   const PagedSchedule sc = SPEC_BUILD ? paged_schedule(args, unit, TOK, raw_len) : paged_schedule(args, TOK);
   GQA_MARK(args, 2);
