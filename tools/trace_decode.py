@@ -10,9 +10,10 @@ Marks: 0 prologue done, 1 after griddepcontrol.wait, 2 length known, 3 first sub
 merge computed, 8 counter reset (last CTA only). Paged rows (--paged: fp16, Hq 32, Hkv 8, D 128, every request
 at its full length L, pages in random order, table entries past them poisoned, as tools/paged_tune.py): the
 paged route's own kernel with the same marks, 10 the speculative start's first boxes issued (their
-block-table entries arrived), 2 meaning the schedule known (length read) and 4 every warp's last step done. In a cluster launch (the split merge through
-distributed shared memory, kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the
-rank that owns it, 7 every push into this CTA landed, 9 its chunk of the output stored; no 8."""
+block-table entries arrived), 2 meaning the schedule known (length read) and 4 every warp's last step
+done. In a cluster launch (the split merge through distributed shared memory,
+kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the rank that owns it, 7 every push
+into this CTA landed, 9 its chunk of the output stored; no 8."""
 
 import argparse
 import os
