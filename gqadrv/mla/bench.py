@@ -6,6 +6,11 @@ launch is timed hot (CUDA graph of N calls) and cold (L2 flushed), with the peer
 the same process on the same tensors: DeepSeek's FlashMLA (``flash_mla``, built from source) and
 FlashInfer's ``BatchMLAPagedAttentionWrapper`` (backend fa3). FlashMLA's formulas: FLOPs =
 2·h_q·s_q·Σlen·(576+512); bytes = q + KV (576 channels per token) + out.
+
+``--hot-caches N`` gives every provider N caches of the row (one pool of N times the pages, block
+table i offset by i pages-per-cache) and makes consecutive calls use them in turn, so that a hot call
+does not find the previous call's last tiles in L2 (as in a model, whose consecutive layers read
+different caches); the default 1 repeats one cache, as the peers' own benchmarks do.
 """
 
 from __future__ import annotations
@@ -32,9 +37,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(sequential, the tables' default), or one random permutation of all pages (shuffled, "
                         "seed 11: requests no longer stream equally strided regions in step); every provider "
                         "reads the same table")
+    p.add_argument("--hot-caches", type=_positive_int, default=1,
+                   help="caches per row that consecutive calls of every provider use in turn (one pool, N block "
+                        "tables; default 1: every call reads the same cache, so a hot call may find the previous "
+                        "call's tiles in L2; 2 or more: it cannot, as in a model whose layers read different caches)")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every provider of a row this many times in turn and keep the median of the rounds; "
                         "the providers' order rotates by one each round (spreads clock and order effects evenly)")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _import_peers(args) -> None:
@@ -104,6 +119,28 @@ def bench_block_table(b: int, max_blocks: int, order: str = "sequential"):
     return pages.reshape(b, max_blocks)
 
 
+def cache_tables(table, ncache: int, pages_per_cache: int) -> list:
+    """The block tables of ``--hot-caches``: cache i is ``table`` with every page id moved up by i pool
+    slices of ``pages_per_cache`` pages (the caches are disjoint slices of one pool)."""
+    import numpy as np
+
+    return [(table + np.int32(i * pages_per_cache)).astype(np.int32) for i in range(ncache)]
+
+
+def cycle(fns: list):
+    """One callable that calls ``fns`` in turn (a graph captured from it alternates between them)."""
+    if len(fns) == 1:
+        return fns[0]
+    state = [0]
+
+    def call():
+        i = state[0]
+        state[0] = (i + 1) % len(fns)
+        return fns[i]()
+
+    return call
+
+
 def flashinfer_csr(lens: list[int], max_blocks: int, page: int, table=None):
     """FlashInfer's CSR page lists of the bench's block table (``table``, [b, max_blocks]; None: request i
     owns pages i * max_blocks ... in order): kv_indptr (b + 1) counts each request's ceil(len / page) pages,
@@ -131,8 +168,9 @@ def _run_row(item, timer: Timer, args) -> dict:
     lens = row_lengths(b, L, kind)
     max_blocks = -(-max(lens) // page)
     nb = b * max_blocks
+    ncache = int(getattr(args, "hot_caches", 1) or 1)
     rs = cp.random.RandomState(7)
-    k = (rs.standard_normal((nb, page, 1, 576), dtype=cp.float32) / 10).astype(cp.float16)
+    k = (rs.standard_normal((ncache * nb, page, 1, 576), dtype=cp.float32) / 10).astype(cp.float16)
     q = (rs.standard_normal((b, s_q, h_q, 576), dtype=cp.float32) / 10).astype(cp.float16)
     import ml_dtypes  # bf16 like the peers' tables
 
@@ -140,7 +178,8 @@ def _run_row(item, timer: Timer, args) -> dict:
     q = q.astype(ml_dtypes.bfloat16)
     pages = getattr(args, "mla_pages", "sequential") or "sequential"
     table = bench_block_table(b, max_blocks, pages)
-    bt = cp.asarray(table)
+    tables = cache_tables(table, ncache, nb)
+    bts = [cp.asarray(t) for t in tables]
     sl = cp.asarray(np.array(lens, np.int32))
     causal = s_q > 1
     res: dict = {}
@@ -152,12 +191,13 @@ def _run_row(item, timer: Timer, args) -> dict:
         try:
             out = cp.empty((b, s_q, h_q, 512), q.dtype)
             lse = cp.empty((b, h_q, s_q), cp.float32)
-            p = gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=backend,
-                                          num_splits=num_splits,
-                                          stream=torch.cuda.current_stream() if use_torch else None)
-            calls[name] = (lambda: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch else None),
-                           use_torch)
-            res[name] = {"route": p.route, "num_splits": p.num_splits}
+            ps = [gqadrv.prepare_mla_decode(q, k, bt, sl, out=out, lse=lse, causal=causal, backend=backend,
+                                            num_splits=num_splits,
+                                            stream=torch.cuda.current_stream() if use_torch else None)
+                  for bt in bts]
+            calls[name] = (cycle([lambda p=p: gqadrv.launch_prepared(p, torch.cuda.current_stream() if use_torch
+                                                                     else None) for p in ps]), use_torch)
+            res[name] = {"route": ps[0].route, "num_splits": ps[0].num_splits}
         except Exception as exc:  # noqa: BLE001
             res[name] = {"error": repr(exc)[:300]}
 
@@ -165,13 +205,15 @@ def _run_row(item, timer: Timer, args) -> dict:
     for extra in getattr(args, "mla_also", None) or []:
         ours(f"gqadrv:{extra}", *also_backend(extra))
     if use_torch and not getattr(args, "no_peers", False):
-        tq, tk, tbt, tsl = (torch.from_dlpack(x) for x in (q, k, bt, sl))
+        tq, tk, tsl = (torch.from_dlpack(x) for x in (q, k, sl))
+        tbts = [torch.from_dlpack(x) for x in bts]
         fm = sys.modules.get("flash_mla")
         if fm is not None:
             try:
                 meta, _ = fm.get_mla_metadata()
-                calls["flashmla"] = (lambda: fm.flash_mla_with_kvcache(tq, tk, tbt, tsl, 512, meta, None,
-                                                                      causal=causal), True)
+                calls["flashmla"] = (cycle([lambda tbt=tbt: fm.flash_mla_with_kvcache(tq, tk, tbt, tsl, 512, meta, None,
+                                                                                     causal=causal)
+                                            for tbt in tbts]), True)
                 res["flashmla"] = {}
             except Exception as exc:  # noqa: BLE001
                 res["flashmla"] = {"error": repr(exc)[:300]}
@@ -180,19 +222,22 @@ def _run_row(item, timer: Timer, args) -> dict:
             try:
                 import flashinfer.mla as fmla
 
-                ws = torch.empty(256 << 20, dtype=torch.uint8, device=tq.device)
-                w = fmla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
                 qo = torch.arange(b + 1, dtype=torch.int32, device=tq.device)
-                indptr, indices = flashinfer_csr(lens, max_blocks, page, table)
-                kvp = torch.from_numpy(indptr).to(tq.device)
-                kvi = torch.from_numpy(indices).to(tq.device)
-                # FlashInfer 0.7 keyword plan (CSR form) and split (nope, rope) query / cache pairs
-                w.plan(qo_indptr=qo, kv_indptr=kvp, kv_indices=kvi, kv_len_arr=tsl, num_heads=h_q,
-                       head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=576 ** -0.5,
-                       q_data_type=tq.dtype, kv_data_type=tq.dtype)
                 qn, qp = tq[:, 0, :, :512].contiguous(), tq[:, 0, :, 512:].contiguous()
                 ckv, kpe = tk[:, :, 0, :512].contiguous(), tk[:, :, 0, 512:].contiguous()
-                calls["flashinfer"] = (lambda: w.run(query=(qn, qp), kv_cache=(ckv, kpe)), True)
+                runs = []
+                for t in tables:
+                    ws = torch.empty(256 << 20, dtype=torch.uint8, device=tq.device)
+                    w = fmla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
+                    indptr, indices = flashinfer_csr(lens, max_blocks, page, t)
+                    kvp = torch.from_numpy(indptr).to(tq.device)
+                    kvi = torch.from_numpy(indices).to(tq.device)
+                    # FlashInfer 0.7 keyword plan (CSR form) and split (nope, rope) query / cache pairs
+                    w.plan(qo_indptr=qo, kv_indptr=kvp, kv_indices=kvi, kv_len_arr=tsl, num_heads=h_q,
+                           head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=576 ** -0.5,
+                           q_data_type=tq.dtype, kv_data_type=tq.dtype)
+                    runs.append(lambda w=w: w.run(query=(qn, qp), kv_cache=(ckv, kpe)))
+                calls["flashinfer"] = (cycle(runs), True)
                 res["flashinfer"] = {}
             except Exception as exc:  # noqa: BLE001
                 res["flashinfer"] = {"error": repr(exc)[:300]}
@@ -204,7 +249,10 @@ def _run_row(item, timer: Timer, args) -> dict:
     label = f"b{b} s_q{s_q} h_q{h_q} L{L}{'' if kind == 'uniform' else ' ' + kind}"
     if pages != "sequential":
         label += f" pages-{pages}"
-    return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "pages": pages, "results": res}
+    if ncache > 1:
+        label += f" caches-{ncache}"
+    return {"shape": label, "b": b, "s_q": s_q, "h_q": h_q, "L": L, "lens": kind, "pages": pages,
+            "hot_caches": ncache, "results": res}
 
 
 def time_rounds(calls: dict, timer, rounds: int, res: dict) -> None:

@@ -122,6 +122,39 @@ def test_mla_bench_block_tables_sequential_and_shuffled():
         bench_block_table(3, 4, "random")
 
 
+def test_mla_hot_caches_are_disjoint_pool_slices_called_in_turn():
+    """--hot-caches N: cache i's table is the row's table moved up by i * (pages per cache), so the N
+    caches are disjoint slices of one pool; the providers' calls alternate between them in order
+    (a graph captured from the cycle replays them in turn); a non-positive count is refused."""
+    import argparse
+
+    import numpy as np
+    import pytest
+
+    from gqadrv.mla.bench import add_arguments, bench_block_table, cache_tables, cycle
+
+    for order in ("sequential", "shuffled"):
+        base = bench_block_table(3, 4, order)
+        tabs = cache_tables(base, 3, 12)
+        assert len(tabs) == 3 and all(t.dtype == np.int32 and t.shape == (3, 4) for t in tabs)
+        assert np.array_equal(tabs[0], base)
+        assert sorted(np.concatenate([t.ravel() for t in tabs]).tolist()) == list(range(36))
+        assert np.array_equal(tabs[2] - tabs[1], np.full((3, 4), 12))
+    seen = []
+    f = cycle([lambda i=i: seen.append(i) for i in range(3)])
+    for _ in range(7):
+        f()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+    one = cycle([lambda: "only"])
+    assert one() == "only" and one() == "only"
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).hot_caches == 1 and p.parse_args(["--hot-caches", "2"]).hot_caches == 2
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--hot-caches", bad])
+
+
 def test_mla_also_entries_may_force_the_split_count():
     import pytest
 
