@@ -387,20 +387,7 @@ def prefill_experiments() -> dict:
     return dict(_derived(KERNELS[name], suffix, what, extra) for name, suffix, what, extra in table)
 
 
-def racecheck_experiments() -> dict:
-    """``narrow16_bal_rc*`` / ``narrow16x2_tma_rc*``: the narrow2 kernel with MLA_N2_RC set, for finding what
-    makes compute-sanitizer racecheck report hazards on its hand-offs between the two consumer warpgroups
-    (docs/MLA.md; same values, bit-identical outputs): ``_rcid`` the both-warpgroup barrier with id 4 instead
-    of 1, ``_rcstay`` the producer warps kept until the consumers end, ``_rcwg`` the warpgroup barriers' ids
-    as immediates, ``_rcall`` all three (experiment, GQADRV_MLA_EXPERIMENTS=1)."""
-    table = (("rcid", 1, "the both-warpgroup barrier with id 4"), ("rcstay", 2, "the producer warps kept to the end"),
-             ("rcwg", 4, "immediate warpgroup barrier ids"), ("rcall", 7, "MLA_N2_RC 7"))
-    return dict(_derived(KERNELS[name], suffix, what, (("MLA_N2_RC", bits),))
-                for name in ("narrow16_bal", "narrow16x2_tma") for suffix, bits, what in table)
-
-
 if os.environ.get(EXPERIMENTS_ENV) == "1":
-    KERNELS.update(racecheck_experiments())
     KERNELS.update(out_st4_experiments())
     KERNELS.update(prefill_experiments())
     KERNELS.update(arrive_handoff_experiments())

@@ -100,11 +100,7 @@ static_assert(NQ * STG_BF16 <= NCB * QCB && XHALF <= NCB * QCB, "epilogue stagin
 static_assert((u32)NQ * MLA_MAX_SPLITS * 4u <= NSLOT * PIECE, "merge weights must fit in the ring");
 static_assert(OFF_P % 1024 == 0 && OFF_RING % 1024 == 0 && QCB % 1024 == 0, "swizzle atoms are 1 KB aligned");
 
-// MLA_N2_RC (experiment builds narrow16*_rc*, kernel_spec.racecheck_experiments; 0 in the defaults):
-// bit 1: the both-warpgroup barrier uses id 4; bit 2: the producer warps stay until the consumers end
-// (one __syncthreads of all 384 threads at the kernel's end); bit 4: the warpgroup barriers' ids as
-// immediates (narrow_ops.cuh wg_bar_sync).
-constexpr int BAR_BOTH = (MLA_N2_RC & 1) ? 4 : 1, BAR_WG0 = 2;  // warpgroup u: BAR_WG0 + u
+constexpr int BAR_BOTH = 1, BAR_WG0 = 2;  // warpgroup u: BAR_WG0 + u
 constexpr int Q_LOADERS = 96;
 
 GQADRV_DEVICE u32 full_bar(u32 sb, int slot) { return sb + OFF_BAR + 8u * (u32)slot; }
@@ -251,9 +247,6 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
     }
     }  // pw != 0 || lane == 0
     __syncwarp();
-#if MLA_N2_RC & 2
-    __syncthreads();  // with the consumers' at the end
-#endif
     return;
   }
 
@@ -463,7 +456,4 @@ extern "C" __global__ void __launch_bounds__(mla::narrow::THREADS, 1)
   run_merges_won<NQ, 256, DT>(a, s_merge, n_merge, reinterpret_cast<float*>(smem + OFF_RING), kvh, nmb, mb, row0, rows,
                               tid, [] { named_bar_sync(BAR_BOTH, 256); });
   MLA_MARK(a, 12, tid == 0);
-#if MLA_N2_RC & 2
-  __syncthreads();  // with the producer warps
-#endif
 }

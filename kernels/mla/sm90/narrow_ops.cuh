@@ -17,21 +17,6 @@
 
 namespace mla {
 namespace narrow {
-
-#ifndef MLA_N2_RC
-#define MLA_N2_RC 0  // racecheck experiments of dense_decode_narrow2.cu (bit 4: constant barrier ids here)
-#endif
-// The 128-thread barrier `bar` of one consumer warpgroup. MLA_N2_RC & 4 (experiment): each id as an
-// immediate (the default passes the id in a register).
-GQADRV_DEVICE void wg_bar_sync(int bar) {
-#if MLA_N2_RC & 4
-  if (bar == 1) named_bar_sync(1, 128);
-  else if (bar == 2) named_bar_sync(2, 128);
-  else named_bar_sync(3, 128);
-#else
-  named_bar_sync(bar, 128);
-#endif
-}
 constexpr int DT = MLA_DT;
 constexpr int NQ = MLA_NQ;
 constexpr int NACC = NQ / 2;                  // fp32 accumulators per thread of one m64nNQ result
@@ -108,7 +93,7 @@ GQADRV_DEVICE void softmax_tile(const float (&sv)[NACC], int tile, int w, int g,
 #pragma unroll
       for (int e = 0; e < 2; ++e) red[w * NQ + 8 * j + 2 * t + e] = mx[j][e];
   }
-  wg_bar_sync(bar);
+  named_bar_sync(bar, 128);
   float alpha[NJ][2];
 #pragma unroll
   for (int j = 0; j < NJ; ++j)
@@ -169,7 +154,7 @@ GQADRV_DEVICE void row_sums(const float (&l_run)[NJ][2], int w, int g, int t, fl
       l += __shfl_xor_sync(0xffffffffu, l, 16);
       if (g == 0) lred[w * NQ + 8 * j + 2 * t + e] = l;
     }
-  wg_bar_sync(bar);
+  named_bar_sync(bar, 128);
 #pragma unroll
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
