@@ -510,3 +510,29 @@ def test_flag_bits_match_the_kernel_header():
     py = {n[len("FLAG_"):]: getattr(ks, n) for n in dir(ks) if n.startswith("FLAG_")}
     assert defs == py, (defs, py)
     assert sorted(defs.values()) == [1, 2, 4, 8, 16]
+
+
+def test_racecheck_handoff_tool_compiles_with_the_narrow2_shaped_variants(tmp_path):
+    """tools/racecheck_handoff.py (run under compute-sanitizer on a GPU): its kernel, with the alt3 / alt5 / alt6
+    variants that mimic narrow2's ring, alternate tiles and epilogue hand-offs, compiles for sm_90a without
+    spills; the alt variants' expected output is warpgroup 1's round, warpgroup 0's round, the staging round
+    and the ticket plus {m, L}."""
+    import sys
+    from pathlib import Path
+
+    from gqadrv.runtime import cache as _cache
+    from gqadrv.runtime.compiler import compile_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    try:
+        import racecheck_handoff as rh
+    finally:
+        sys.path.pop(0)
+    assert {"alt3": 8, "alt5": 9, "alt6": 10}.items() <= rh.VARIANTS.items()
+    (tmp_path / "handoff.cu").write_text(rh.SOURCE.replace("ROUNDS", str(rh.ROUNDS)))
+    m = compile_module("handoff.cu", "sm_90a", {}, root=tmp_path, cache=_cache.CubinCache(None, enabled=False))
+    r = m.resources["handoff"]
+    assert r.spill_stores == 0 and r.spill_loads == 0
+    want = rh.alt_expect()
+    assert want.shape == (512,) and want[0] == 1000 and want[128] == 2000 and want[256] == 3000 and want[511] == 18
+    assert rh.ROUNDS * 128 >= want.size
