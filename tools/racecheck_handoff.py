@@ -26,10 +26,10 @@ reuse the same words (so a read of round r must come after round r's write and b
                barriers when they meet (narrow2's one-tile items: one warpgroup runs a tile, with its two
                warpgroup barriers, the other none).
   skew_pad     skew, with warpgroup 1 passing its own barrier (id 4) twice as well: equal counts again.
-  alt3 / alt5 / alt6
+  alt1 .. alt8
                narrow2's shape of work (384 threads): lane 0 of warp 8 fills a ring of 4 slots (generic
                stores, mbarrier full / empty, one empty arrival per consuming warp after __syncwarp), the two
-               warpgroups take tiles 0..T-1 in turn (tile k to warpgroup k % 2; T = 3, 5, 6), each tile with two
+               warpgroups take tiles 0..T-1 in turn (tile k to warpgroup k % 2; altT, T = 1..8), each tile with two
                128-thread barriers of its own warpgroup around a 4-word exchange, then one more (row sums), then
                the epilogue's hand-offs across the 256-thread barrier 1 as in dense_decode_narrow2.cu: {m, L}
                words, the two rounds through the same words, a staging round and a ticket word. narrow2's
@@ -143,8 +143,8 @@ extern "C" __global__ void handoff(float* out, int variant) {
     if (wg == 0) { WG_SYNC(3); WG_SYNC(3); }
     else if (variant == 7) { WG_SYNC(4); WG_SYNC(4); }
   }
-  if (variant >= 8) {  // alt3 / alt5 / alt6: narrow2's ring, alternate tiles and epilogue hand-offs
-    alternate(out, variant == 8 ? 3 : variant == 9 ? 5 : 6);
+  if (variant >= 8) {  // alt1 .. alt8: narrow2's ring, alternate tiles and epilogue hand-offs over variant - 8 tiles
+    alternate(out, variant - 8);
     return;
   }
   for (int r = 0; r < ROUNDS; ++r) {
@@ -172,7 +172,7 @@ extern "C" __global__ void handoff(float* out, int variant) {
 """
 
 VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "none": 4, "sync_sync_384": 5, "skew": 6,
-            "skew_pad": 7, "alt3": 8, "alt5": 9, "alt6": 10}
+            "skew_pad": 7, **{f"alt{t}": 8 + t for t in range(1, 9)}}
 
 
 def alt_expect():
