@@ -33,8 +33,8 @@ reuse the same words (so a read of round r must come after round r's write and b
                128-thread barriers of its own warpgroup around a 4-word exchange, then one more (row sums), then
                the epilogue's hand-offs across the 256-thread barrier 1 as in dense_decode_narrow2.cu: {m, L}
                words, the two rounds through the same words, a staging round and a ticket word. narrow2's
-               racecheck reports (docs/MLA.md, 2026-12-07) came with items of 5 tiles (300 or 320 tokens),
-               none with 1, 2, 3, 4, 6 or 64+ tiles in single runs; outputs were always correct.
+               racecheck reports (docs/MLA.md, 2026-12-07) came with requests of 5 tiles (300 or 320 tokens),
+               none with items of 1, 2, 3, 4, 6 or 64+ tiles in single runs; outputs were always correct.
 
 The tool exits 0 when every value warpgroup 0 read equals what warpgroup 1 wrote in that round
 (the hand-off worked on this run), 1 otherwise; racecheck's verdict is in its own output.
@@ -64,11 +64,8 @@ __device__ void mbar_wait(unsigned long long* b, unsigned parity) {
   asm volatile("{\n .reg .pred p;\n W%=:\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
                " @!p bra W%=;\n}" ::"r"(smem_addr(b)), "r"(parity) : "memory");
 }
-__device__ void mbar_arrive_plain(unsigned long long* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-// narrow2's shape of work in one CTA of 384 threads; out[0 .. 4 * 128) receives the hand-off results
-// (checked by the host: see ALT_EXPECT).
+// narrow2's shape of work in one CTA of 384 threads; out[0 .. 512) receives the hand-off results and
+// out[512 .. 768) each consumer thread's sum over its tiles (checked by the host: alt_expect).
 __device__ void alternate(float* out, int T) {
   __shared__ float ring[4][128];
   __shared__ float red[2][4];
@@ -103,7 +100,7 @@ __device__ void alternate(float* out, int T) {
     mbar_wait(&full[s], (k >> 2) & 1);
     const float v = ring[s][i];
     __syncwarp();
-    if (lane == 0) mbar_arrive_plain(&empty[s]);  // one arrival per warp, after the warp's reads
+    if (lane == 0) mbar_arrive(&empty[s]);  // one arrival per warp, after the warp's reads
     if (i < 4) red[wg][i] = v;
     WG_SYNC_ID(2 + wg);  // the column max's exchange (softmax_tile)
     acc += v + red[wg][i & 3];
@@ -126,7 +123,8 @@ __device__ void alternate(float* out, int T) {
   BAR_SYNC(1);
   if (tid == 0) ticket = 7u;
   BAR_SYNC(1);
-  if (wg == 1) out[384 + i] = (float)ticket + mo + 0.f * acc;
+  if (wg == 1) out[384 + i] = (float)ticket + mo;
+  out[512 + tid] = acc;
 }
 extern "C" __global__ void handoff(float* out, int variant) {
   __shared__ float box[128];
@@ -175,13 +173,18 @@ VARIANTS = {"arrive_sync": 0, "sync_sync": 1, "syncthreads": 2, "mbarrier": 3, "
             "skew_pad": 7, **{f"alt{t}": 8 + t for t in range(1, 9)}}
 
 
-def alt_expect():
-    """What the alt variants write to out[0 .. 512): warpgroup 1's first-round words, warpgroup 0's second-round
-    words, the staging round and the ticket word plus warpgroup 0's {m, L} (1 + 10)."""
+def alt_expect(tiles: int):
+    """What variant ``alt<tiles>`` writes to out[0 .. 768): warpgroup 1's first-round words, warpgroup 0's
+    second-round words, the staging round, the ticket word plus warpgroup 0's {m, L} (1 + 10), then each consumer
+    thread's sum over its tiles k (k % 2 = its warpgroup) of its ring word k * 128 + i and the exchanged word
+    k * 128 + i % 4."""
     import numpy as np
 
     i = np.arange(128, dtype=np.float64)
-    return np.concatenate([1000 + i, 2000 + i, 3000 + i, np.full(128, 7.0 + 11.0)])
+    sums = [np.zeros(128), np.zeros(128)]
+    for k in range(tiles):
+        sums[k % 2] += 2 * k * 128 + i + i % 4
+    return np.concatenate([1000 + i, 2000 + i, 3000 + i, np.full(128, 7.0 + 11.0), *sums])
 
 
 def main(argv: list[str]) -> int:
@@ -195,7 +198,7 @@ def main(argv: list[str]) -> int:
     out = cp.full(ROUNDS * 128, -1.0, dtype=cp.float32)
     kernel((1,), (384 if VARIANTS[argv[0]] >= 5 else 256,), (out, np.int32(VARIANTS[argv[0]])))
     if VARIANTS[argv[0]] >= 8:
-        ok = bool((cp.asnumpy(out)[:512] == alt_expect()).all())
+        ok = bool((cp.asnumpy(out)[:768] == alt_expect(VARIANTS[argv[0]] - 8)).all())
     else:
         got = cp.asnumpy(out).reshape(ROUNDS, 128)
         want = np.arange(ROUNDS)[:, None] * 1000.0 + np.arange(128)[None, :]

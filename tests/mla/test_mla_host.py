@@ -515,8 +515,8 @@ def test_flag_bits_match_the_kernel_header():
 def test_racecheck_handoff_tool_compiles_with_the_narrow2_shaped_variants(tmp_path):
     """tools/racecheck_handoff.py (run under compute-sanitizer on a GPU): its kernel, with the alt1 .. alt8
     variants that mimic narrow2's ring, alternate tiles and epilogue hand-offs, compiles for sm_90a without
-    spills; the alt variants' expected output is warpgroup 1's round, warpgroup 0's round, the staging round
-    and the ticket plus {m, L}."""
+    spills; the alt variants' expected output is warpgroup 1's round, warpgroup 0's round, the staging round,
+    the ticket plus {m, L} and each consumer thread's sum over its tiles."""
     import sys
     from pathlib import Path
 
@@ -533,6 +533,11 @@ def test_racecheck_handoff_tool_compiles_with_the_narrow2_shaped_variants(tmp_pa
     m = compile_module("handoff.cu", "sm_90a", {}, root=tmp_path, cache=_cache.CubinCache(None, enabled=False))
     r = m.resources["handoff"]
     assert r.spill_stores == 0 and r.spill_loads == 0
-    want = rh.alt_expect()
-    assert want.shape == (512,) and want[0] == 1000 and want[128] == 2000 and want[256] == 3000 and want[511] == 18
+    want = rh.alt_expect(5)
+    assert want.shape == (768,) and want[0] == 1000 and want[128] == 2000 and want[256] == 3000 and want[511] == 18
+    # thread i of warpgroup 0 sums tiles 0, 2, 4 (ring words k * 128 + i plus the exchanged k * 128 + i % 4),
+    # warpgroup 1 tiles 1, 3; with one tile warpgroup 1 sums nothing
+    assert want[512 + 5] == sum(2 * k * 128 + 5 + 1 for k in (0, 2, 4))
+    assert want[640 + 5] == sum(2 * k * 128 + 5 + 1 for k in (1, 3))
+    assert (rh.alt_expect(1)[640:] == 0).all()
     assert rh.ROUNDS * 128 >= want.size
