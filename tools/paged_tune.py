@@ -16,6 +16,11 @@ every split takes part in the ticket, the default before 2026-12-06), ticket (GQ
 split merge through the workspace and the ticket, never in clusters), nospec (GQADRV_PAGED_SPEC=0: the TMA
 kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both);
 tiling=W,T,S (GQADRV_TILING=W,T,S on the TMA route: any warps x tokens x stages, e.g. tiling=8,16,2).
+Any config name may end in ``:sN`` to force N splits (``num_splits=N``), e.g. ``tiling=4,32,3:s2``.
+
+``--kv-dtype e4m3`` runs every row on FP8-e4m3 K / V codes (``quantize_kv_fp8`` of the fp16 caches, one
+per-tensor scale each, as ``bench --op gqa_fp8``); the TMA route then takes the e4m3 tilings
+(routes._TILINGS_E4M3) unless a config names one.
 """
 
 from __future__ import annotations
@@ -49,14 +54,30 @@ def _tiling_config(name: str):
     return ({"GQADRV_TILING": ",".join(m.groups())}, "hopper", False) if m else None
 
 
+def _config(name: str):
+    """(environment, backend, deterministic, num_splits) of a config name (``NAME[:sN]``), or None."""
+    base, sep, tail = name.partition(":")
+    splits = None
+    if sep:
+        m = re.fullmatch(r"s(\d+)", tail)
+        if not m:
+            return None
+        splits = int(m.group(1))
+    conf = CONFIGS.get(base) or _tiling_config(base)
+    return None if conf is None else (*conf, splits)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=list(ROWS), help="B,L,PAGE,LAYOUT")
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), help=f"{', '.join(CONFIGS)} or tiling=W,T,S")
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS),
+                    help=f"{', '.join(CONFIGS)} or tiling=W,T,S; any of them :sN (N splits)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--kv-dtype", choices=("float16", "e4m3"), default="float16",
+                    help="the caches' element type: fp16, or FP8-e4m3 codes with per-tensor scales")
     a = ap.parse_args()
     for name in a.configs:
-        if name not in CONFIGS and not _tiling_config(name):
+        if _config(name) is None:
             ap.error(f"unknown config {name!r}")
     import cupy as cp
     import numpy as np
@@ -82,15 +103,20 @@ def main() -> int:
         table[:, :mp] = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
         lens = cp.full(b, length, cp.int32)
         q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
+        kv_args = {}
+        if a.kv_dtype == "e4m3":
+            (k, ks), (v, vs) = gqadrv.quantize_kv_fp8(k), gqadrv.quantize_kv_fp8(v)
+            kv_args = {"kv_dtype": "e4m3", "k_scale": float(ks.get()), "v_scale": float(vs.get())}
         cells, ref = [], None
         for name in a.configs:
-            env, backend, det = CONFIGS.get(name) or _tiling_config(name)
+            env, backend, det, splits = _config(name)
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
                 out = cp.empty_like(q)
                 p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=k, v_cache=v, block_table=table, seq_lens=lens,
-                                                    out=out, kv_layout=layout, backend=backend, deterministic=det)
+                                                    out=out, kv_layout=layout, backend=backend, deterministic=det,
+                                                    num_splits=splits, **kv_args)
                 fn = lambda: gqadrv.launch_prepared(p, cp.cuda.get_current_stream().ptr)  # noqa: E731
                 hot, cold = timer.hot(fn, False), timer.cold(fn)
                 got = cp.asnumpy(out.astype(cp.float32))
@@ -98,7 +124,7 @@ def main() -> int:
                     ref = got
                 diff = float(np.abs(got - ref).max())
                 bad += diff > 2e-3
-                cells.append(f"{hot:.2f} / {cold:.2f} ({p.route}, diff {diff:.0e})")
+                cells.append(f"{hot:.2f} / {cold:.2f} ({p.route} / {p.num_splits}, diff {diff:.0e})")
             except Exception as exc:  # noqa: BLE001 - a config a GPU cannot run is reported, not fatal
                 cells.append(f"error: {str(exc).splitlines()[0][:60]}")
             finally:
