@@ -13,7 +13,16 @@ paged route's own kernel with the same marks, 10 the speculative start's first b
 block-table entries arrived), 2 meaning the schedule known (length read) and 4 every warp's last step
 done. In a cluster launch (the split merge through distributed shared memory,
 kernels/gqa/common/cluster_merge.cuh): 6 every item's state pushed to the rank that owns it, 7 every push
-into this CTA landed, 9 its chunk of the output stored; no 8."""
+into this CTA landed, 9 its chunk of the output stored; no 8.
+
+``--kv-dtype e4m3`` runs the paged rows on FP8-e4m3 codes (random finite codes, per-tensor scales 1/64), the
+route of ``bench --op gqa_fp8``. The paged TMA kernel also records its CTA's SM (%smid, slot 15); for its rows
+a per-SM line follows each launch: CTAs per SM, the share of the launch's span in which an SM had a CTA
+between its first sub-tile and its warp states merged (streaming), its start-ups (mark 0 -> first sub-tile)
+and the gaps between one CTA's end and the next CTA's first sub-tile on the same SM (medians over SMs).
+
+    python tools/trace_decode.py --paged --kv-dtype e4m3 "64,4096,16,NHD" "256,2048,16,NHD"
+"""
 
 import argparse
 import os
@@ -53,7 +62,28 @@ def run(text, splits, flush, cp):
           f"smem {plan.smem} cluster {plan.cluster} ctas/SM {loaded.ctas_per_sm}")
 
 
-def _time(plan, trace, grid, flush, cp, title):
+def _per_sm(t, base):
+    """The paged TMA kernel's per-SM view of one launch (slot 15 = %smid): see the module docstring."""
+    start, first, merged = t[:, 0] - base, t[:, 3] - base, t[:, 5] - base
+    ends = np.where(t[:, [5, 6, 7, 8, 9]] >= base, t[:, [5, 6, 7, 8, 9]] - base, 0).max(axis=1)
+    ok = (t[:, 0] >= base) & (t[:, 3] >= base) & (t[:, 5] >= base)
+    sm = t[:, 15]
+    span = ends[ok].max() - start[ok].min()
+    stream_share, per_sm, startups, gaps = [], [], [], []
+    for s in np.unique(sm[ok]):
+        idx = np.where(ok & (sm == s))[0]
+        idx = idx[np.argsort(start[idx])]
+        per_sm.append(idx.size)
+        stream_share.append(sum(merged[i] - first[i] for i in idx) / span)
+        startups.extend(first[i] - start[i] for i in idx)
+        gaps.extend(first[j] - ends[i] for i, j in zip(idx[:-1], idx[1:]))
+    med = lambda x: float(np.median(x)) / 1000 if len(x) else float("nan")  # noqa: E731
+    return (f"per SM: {len(per_sm)} SMs, CTAs {min(per_sm)}-{max(per_sm)}, streaming share med "
+            f"{np.median(stream_share) * 100:.1f} % (min {min(stream_share) * 100:.1f}), start-up med {med(startups):.2f} us, "
+            f"end -> next first sub-tile med {med(gaps):.2f} us (max {max(gaps, default=0) / 1000:.2f}), span {span / 1000:.2f} us")
+
+
+def _time(plan, trace, grid, flush, cp, title, per_sm=False):
     out = {}
     for mode in ("cold", "hot"):
         plan.launch()
@@ -83,13 +113,15 @@ def _time(plan, trace, grid, flush, cp, title):
             if col.size:
                 rows.append(f"{NAMES[m]}: min {col.min() / 1000:.2f} med {np.median(col) / 1000:.2f} "
                             f"max {col.max() / 1000:.2f}")
+        if per_sm:
+            rows.append(_per_sm(t, base))
         out[mode] = (ms, rows)
     print(f"== {title}")
     for mode, (us, rows) in out.items():
         print(f"   {mode}: event {us:.2f} us | " + " | ".join(rows))
 
 
-def run_paged(text, splits, flush, cp):
+def run_paged(text, splits, flush, cp, kv_dtype="float16"):
     from gqadrv.gqa import paged as gpaged
     from gqadrv.gqa.paged_contract import validate_paged
     from gqadrv.runtime.module import ArgPack, LaunchPlan
@@ -102,15 +134,22 @@ def run_paged(text, splits, flush, cp):
     mp = -(-length // page)
     width = max(mp, -(-table_tokens // page))
     shape = (b * mp, page, hkv, d) if layout == "NHD" else (b * mp, hkv, page, d)
-    k = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
-    v = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+    if kv_dtype == "e4m3":  # finite codes (no 0x7f / 0xff), either sign
+        k = (cp.random.randint(0, 0x7F, shape, dtype=cp.int32) | (cp.random.randint(0, 2, shape, dtype=cp.int32) << 7))
+        v = (cp.random.randint(0, 0x7F, shape, dtype=cp.int32) | (cp.random.randint(0, 2, shape, dtype=cp.int32) << 7))
+        k, v = k.astype(cp.uint8), v.astype(cp.uint8)
+        kv_args = {"kv_dtype": "e4m3", "k_scale": 1.0 / 64, "v_scale": 1.0 / 64}
+    else:
+        k = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+        v = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+        kv_args = {}
     table = cp.full((b, width), 2147480000, cp.int32)
     table[:, :mp] = cp.asarray(rng.permutation(b * mp).astype(np.int32).reshape(b, mp))
     lens = cp.full(b, length, cp.int32)
     q = cp.random.standard_normal((b, hq, d), dtype=cp.float32).astype(cp.float16)
     o = cp.empty_like(q)
     s = int(cp.cuda.get_current_stream().ptr)
-    prob = validate_paged(q, k, v, table, lens, layout, o, None, 1.0, None, stream=s)
+    prob = validate_paged(q, k, v, table, lens, layout, o, None, 1.0, None, stream=s, **kv_args)
     variant, loaded, maps = gpaged.route(prob, None, False)
     ns, subs = gpaged.splits_for(prob, variant, loaded, False, splits or None)
     ws = gpaged._split_workspace(prob, variant, ns, s, pooled=False)
@@ -120,8 +159,9 @@ def run_paged(text, splits, flush, cp):
                               splits=ns, split_subs=subs, spec=gpaged.speculates(prob, variant, loaded.ctas_per_sm, ns))
     pack = ArgPack(variant.family.signature).pack(*gpaged.param_values(variant, maps, args))
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True, cluster=cluster)
-    _time(plan, trace, grid, flush, cp, f"paged {text} route {variant.name} splits {ns} grid {grid[0]} smem {smem} "
-          f"cluster {cluster} spec {bool(args['flags'] & gpaged.GQA_PAGED_FLAG_SPEC)}")
+    _time(plan, trace, grid, flush, cp, f"paged {text} {kv_dtype} route {variant.name} splits {ns} grid {grid[0]} "
+          f"smem {smem} cluster {cluster} spec {bool(args['flags'] & gpaged.GQA_PAGED_FLAG_SPEC)}",
+          per_sm=variant.name.startswith("paged_tma"))
 
 
 def main():
@@ -129,13 +169,17 @@ def main():
     ap.add_argument("shapes", nargs="*", default=["1,64,[1]", "4,256,[64;127;191;256]", "1,1024,[1024]", "1,4096,[3968]"])
     ap.add_argument("--splits", default="0", help="comma list; 0 = heuristic")
     ap.add_argument("--paged", action="store_true", help="shapes are paged rows B,L,PAGE,LAYOUT[,TABLE_TOKENS]")
+    ap.add_argument("--kv-dtype", choices=("float16", "e4m3"), default="float16", help="paged rows: the caches' type")
     a = ap.parse_args()
     import cupy as cp
 
     flush = cp.empty(512 << 20, cp.uint8)
     for text in a.shapes:
         for ns in a.splits.split(","):
-            (run_paged if a.paged else run)(text, int(ns), flush, cp)
+            if a.paged:
+                run_paged(text, int(ns), flush, cp, a.kv_dtype)
+            else:
+                run(text, int(ns), flush, cp)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,17 @@
     }                                                                                              \
   } while (0)
 
+// GQADRV_TRACE_SMID(buf, i): thread 0 writes the CTA's %smid into the same slot array (slot i), so the
+// host can line up the CTAs that ran one after another on one SM (tools/trace_decode.py --per-sm).
+#define GQADRV_TRACE_SMID(buf, i)                                                                  \
+  do {                                                                                             \
+    if (threadIdx.x == 0) {                                                                        \
+      unsigned int s_;                                                                             \
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                                              \
+      reinterpret_cast<unsigned long long*>(buf)[blockIdx.x * GQADRV_TRACE_SLOTS + (i)] = s_;      \
+    }                                                                                              \
+  } while (0)
+
 #define GQADRV_TRACE_NOP() \
   do {                     \
   } while (0)

@@ -34,12 +34,14 @@
 // GQA_TRACE=1 (development only): thread 0 of every CTA writes %globaltimer stamps into
 // ((u64*)args.status)[blockIdx.x * 16 + i] at the marks GQA_MARK(args, i) (kernels/common/trace.cuh);
 // the host passes a trace buffer of grid * 16 u64 in place of the status pointer
-// (tools/trace_decode.py).
+// (tools/trace_decode.py); GQA_MARK_SM(args) puts the CTA's %smid in slot 15 (the paged TMA kernel).
 #ifndef GQA_TRACE
 #define GQA_TRACE 0
 #endif
 #if GQA_TRACE
 #define GQA_MARK(args, i) GQADRV_TRACE_STAMP((args).status, i)
+#define GQA_MARK_SM(args) GQADRV_TRACE_SMID((args).status, 15)
 #else
 #define GQA_MARK(args, i) GQADRV_TRACE_NOP()
+#define GQA_MARK_SM(args) GQADRV_TRACE_NOP()
 #endif

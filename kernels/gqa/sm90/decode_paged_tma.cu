@@ -163,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   warp_range(paged_schedule(args, unit, TOK, args.capacity), first_c, count_c);  // no memory read
   const int spec = spec_on ? (count_c < STAGES ? count_c : STAGES) : 0;
   GQA_MARK(args, 0);
+  GQA_MARK_SM(args);
   pdl_wait();
   GQA_MARK(args, 1);
   // The length first (the one load the schedule depends on; D = 256 builds read it in paged_schedule,
