@@ -15,6 +15,8 @@ route), tma8 (8,32,1), det (deterministic=True), detall (deterministic=True with
 every split takes part in the ticket, the default before 2026-12-06), ticket (GQADRV_CLUSTER_MERGE=0: the
 split merge through the workspace and the ticket, never in clusters), nospec (GQADRV_PAGED_SPEC=0: the TMA
 kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both);
+next / next1 (GQADRV_PAGED_NEXT=3 / 1: in launches of several waves the TMA kernel's warps prefetch the first
+3 / 1 sub-tiles of their successor CTA into L2 while their own rings drain, decode_paged_tma.cu);
 tiling=W,T,S (GQADRV_TILING=W,T,S on the TMA route: any warps x tokens x stages, e.g. tiling=8,16,2).
 Any config name may end in ``:sN`` to force N splits (``num_splits=N``), e.g. ``tiling=4,32,3:s2``.
 
@@ -42,6 +44,8 @@ CONFIGS = {  # name: (environment, backend, deterministic)
     "detall": ({"GQADRV_PAGED_DET_EXIT": "0"}, None, True),
     "ticket": ({"GQADRV_CLUSTER_MERGE": "0"}, None, False),
     "nospec": ({"GQADRV_PAGED_SPEC": "0"}, None, False),
+    "next": ({"GQADRV_PAGED_NEXT": "3"}, None, False),
+    "next1": ({"GQADRV_PAGED_NEXT": "1"}, None, False),
     "detnospec": ({"GQADRV_PAGED_SPEC": "0"}, None, True),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",

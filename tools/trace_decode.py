@@ -156,7 +156,8 @@ def run_paged(text, splits, flush, cp, kv_dtype="float16"):
     grid, block, smem, cluster = gpaged.launch_shape(prob, variant, loaded, ns, subs)
     trace = cp.zeros(grid[0] * 16, cp.uint64)
     args = gpaged.args_fields(prob, variant, out_ptr=int(o.data.ptr), lse_ptr=0, ws=ws, status_ptr=int(trace.data.ptr),
-                              splits=ns, split_subs=subs, spec=gpaged.speculates(prob, variant, loaded.ctas_per_sm, ns))
+                              splits=ns, split_subs=subs, spec=gpaged.speculates(prob, variant, loaded.ctas_per_sm, ns),
+                              next_stride=gpaged.successor_stride(prob, variant, loaded.ctas_per_sm, ns))
     pack = ArgPack(variant.family.signature).pack(*gpaged.param_values(variant, maps, args))
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True, cluster=cluster)
     _time(plan, trace, grid, flush, cp, f"paged {text} {kv_dtype} route {variant.name} splits {ns} grid {grid[0]} "

@@ -42,7 +42,7 @@ from . import routes as _routes
 from .api import PreparedGqaDecode
 from .args import GQA_FLAG_L2_EVICT_FIRST
 from .contract import MAX_SPLITS, check_num_splits, check_scale_pair
-from .paged_args import GQA_PAGED_FLAG_HND, GQA_PAGED_FLAG_SPEC
+from .paged_args import GQA_PAGED_FLAG_HND, GQA_PAGED_FLAG_SPEC, GQA_PAGED_NEXT_SHIFT
 from .paged_contract import PagedProblem, contiguous_problem, validate_paged
 
 __all__ = ["DET_SPLIT_TOKENS", "PreparedGqaPagedDecode", "gqa_decode_paged", "prepare_gqa_decode_paged"]
@@ -204,15 +204,29 @@ def speculates(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int
     return ctas <= _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
 
 
-def _flags(problem: PagedProblem, spec: bool = False) -> int:
+def successor_stride(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int, splits: int) -> int:
+    """G for the TMA kernel's successor prefetch (GQA_PAGED_NEXT builds, a development switch,
+    GQADRV_PAGED_NEXT=n): the co-resident CTAs of a launch of more than one wave (CTA x + G takes the
+    SM that x frees), else 0 (no prefetch; one-wave grids speculate instead, ``speculates``)."""
+    if dict(variant.switches).get("GQA_PAGED_NEXT", 0) <= 0 or variant.head_dim > SPEC_MAX_HEAD_DIM \
+            or problem.table is None:
+        return 0
+    resident = _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
+    ctas = problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits
+    return resident if ctas > resident and resident < (1 << 15) else 0
+
+
+def _flags(problem: PagedProblem, spec: bool = False, next_stride: int = 0) -> int:
     info = _drv.device_info(problem.device)
     kv_bytes = problem.k.nbytes * (1 if problem.v is None else 2)
     f = GQA_FLAG_L2_EVICT_FIRST if kv_bytes * 2 > info.l2_bytes else 0
-    return f | (GQA_PAGED_FLAG_HND if problem.layout == "HND" else 0) | (GQA_PAGED_FLAG_SPEC if spec else 0)
+    return (f | (GQA_PAGED_FLAG_HND if problem.layout == "HND" else 0) | (GQA_PAGED_FLAG_SPEC if spec else 0)
+            | (next_stride << GQA_PAGED_NEXT_SHIFT))
 
 
 def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int, lse_ptr: int,
-                ws: Workspace | None, status_ptr: int, splits: int, split_subs: int, spec: bool = False) -> dict:
+                ws: Workspace | None, status_ptr: int, splits: int, split_subs: int, spec: bool = False,
+                next_stride: int = 0) -> dict:
     """The GqaPagedArgs block by field name (gqa/paged_args.py mirrors kernels/gqa/common/paged_args.cuh)."""
     paged = problem.table is not None
     return {
@@ -226,7 +240,7 @@ def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int
         "row_blocks": row_blocks(problem, variant),
         "page_shift": problem.page_size.bit_length() - 1 if paged else 0,
         "num_pages": problem.num_pages, "table_stride": problem.table_stride, "capacity": problem.capacity,
-        "num_splits": splits, "split_subs": split_subs, "flags": _flags(problem, spec),
+        "num_splits": splits, "split_subs": split_subs, "flags": _flags(problem, spec, next_stride),
         "k_scale": problem.scales.k_ptr, "v_scale": problem.scales.v_ptr,
         "k_scale_value": problem.scales.k_value, "v_scale_value": problem.scales.v_value,
         "k_scale_stride": problem.scales.k_stride, "v_scale_stride": problem.scales.v_stride,
@@ -287,7 +301,8 @@ def run_convenience(problem: PagedProblem, s: int, like: Any, want_lse: bool, de
     lse_ptr = problem.lse.ptr if problem.lse is not None else (l_new.ptr if l_new is not None else 0)
     ws = _split_workspace(problem, variant, splits, s, pooled=True)
     args = args_fields(problem, variant, out_ptr=out_ptr, lse_ptr=lse_ptr, ws=ws, status_ptr=0, splits=splits,
-                       split_subs=subs, spec=speculates(problem, variant, loaded.ctas_per_sm, splits))
+                       split_subs=subs, spec=speculates(problem, variant, loaded.ctas_per_sm, splits),
+                       next_stride=successor_stride(problem, variant, loaded.ctas_per_sm, splits))
     grid, block, smem, cluster = launch_shape(problem, variant, loaded, splits, subs)
     values = param_values(variant, maps, args)
     if facts is None:
@@ -425,7 +440,8 @@ def prepare_problem(problem: PagedProblem, keep: tuple, result: Any, *, determin
         status = cupy.empty(words, dtype=cupy.uint32)
     args = args_fields(problem, variant, out_ptr=problem.out.ptr, lse_ptr=problem.lse.ptr if problem.lse else 0,
                        ws=ws, status_ptr=int(status.data.ptr), splits=splits, split_subs=subs,
-                       spec=speculates(problem, variant, loaded.ctas_per_sm, splits))
+                       spec=speculates(problem, variant, loaded.ctas_per_sm, splits),
+                       next_stride=successor_stride(problem, variant, loaded.ctas_per_sm, splits))
     grid, block, smem, cluster = launch_shape(problem, variant, loaded, splits, subs)
     pack = ArgPack(variant.family.signature).pack(*param_values(variant, maps, args))
     plan = LaunchPlan(loaded.kernel, grid, block, smem, pack, stream=s, pdl=True, cluster=cluster)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..runtime.module import TMAP, NamedStruct, Signature
 
-__all__ = ["GQA_PAGED_ARGS", "GQA_PAGED_FLAG_HND", "GQA_PAGED_FLAG_SPEC", "SIG_PAGED", "SIG_PAGED_TMA"]
+__all__ = ["GQA_PAGED_ARGS", "GQA_PAGED_FLAG_HND", "GQA_PAGED_FLAG_SPEC", "GQA_PAGED_NEXT_SHIFT", "SIG_PAGED",
+           "SIG_PAGED_TMA"]
 
 GQA_PAGED_ARGS = NamedStruct(
     "GqaPagedArgs",
@@ -47,6 +48,7 @@ GQA_PAGED_ARGS = NamedStruct(
 
 GQA_PAGED_FLAG_HND = 4  # TMA maps in HND order (D, page, Hkv, pages)
 GQA_PAGED_FLAG_SPEC = 8  # TMA kernel: ring filled before the length is known (paged.speculates)
+GQA_PAGED_NEXT_SHIFT = 16  # flags bits 16..31: successor stride of GQA_PAGED_NEXT builds (paged.successor_stride)
 
 SIG_PAGED = Signature(("args", GQA_PAGED_ARGS))
 SIG_PAGED_TMA = Signature(("k_map", TMAP), ("v_map", TMAP), ("args", GQA_PAGED_ARGS))

@@ -19,6 +19,7 @@ def test_paged_argument_block_layout():
     c = [(n, o, "Q" if ch in "qQ" else ch) for n, o, ch in c_struct_fields(text, "GqaPagedArgs")]
     assert c == python_struct_fields(paged_args.GQA_PAGED_ARGS)
     assert int(re.search(r"#define GQA_PAGED_FLAG_HND (\d+)", text).group(1)) == paged_args.GQA_PAGED_FLAG_HND
+    assert int(re.search(r"#define GQA_PAGED_NEXT_SHIFT (\d+)", text).group(1)) == paged_args.GQA_PAGED_NEXT_SHIFT
     assert paged_args.SIG_PAGED_TMA.offsets[:2] == (0, 128)
 
 

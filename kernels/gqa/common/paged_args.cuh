@@ -75,6 +75,11 @@ struct GqaPagedArgs {
 // s: s * W + w, then every S * W-th); the batch-invariant mode keeps its fixed splits (the guess
 // len = capacity is exact for every split that holds tokens).
 #define GQA_PAGED_FLAG_SPEC 8
+// Bits 16..31 of flags: GQA_PAGED_NEXT builds of the TMA kernel (development switch) read the successor
+// stride G there, the number of co-resident CTAs of a launch of more than one wave (0: no successor
+// prefetch). CTA x + G is the one that takes a freed SM after the wave of x (blocks launch in order):
+// near its end each warp of x prefetches into L2 the first sub-tiles warp w of CTA x + G will load.
+#define GQA_PAGED_NEXT_SHIFT 16
 
 struct PagedSchedule {
   int b, kvh, rb, split;
@@ -99,11 +104,11 @@ struct PagedSchedule {
 #define GQA_PAGED_DET_EXIT 0
 #endif
 
-// The CTA's (batch, KV head, row block, split) from its grid position (no memory read).
-GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) {
+// The (batch, KV head, row block, split) of grid position `cta` (no memory read).
+GQADRV_DEVICE PagedSchedule paged_unit_at(const GqaPagedArgs& a, int cta) {
   PagedSchedule s;
-  s.split = (int)blockIdx.x % a.num_splits;
-  const int unit = (int)blockIdx.x / a.num_splits;
+  s.split = cta % a.num_splits;
+  const int unit = cta / a.num_splits;
   s.unit = unit;
   s.rb = unit % a.row_blocks;
   const int bh = unit / a.row_blocks;
@@ -111,6 +116,8 @@ GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) {
   s.kvh = bh - s.b * a.hkv;
   return s;
 }
+// The CTA's own (batch, KV head, row block, split).
+GQADRV_DEVICE PagedSchedule paged_unit(const GqaPagedArgs& a) { return paged_unit_at(a, (int)blockIdx.x); }
 
 // The sub-tiles of unit `u` (paged_unit) for the stored length `raw` (a.lengths[u.b], or a.capacity
 // for the TMA kernel's speculative guess): split_point over the length's sub-tiles (balanced), or the

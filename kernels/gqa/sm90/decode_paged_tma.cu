@@ -18,6 +18,8 @@
 //            loads issued before the length arrives (entries up to the capacity: past the request's
 //            pages they only reach TMA, which zero-fills out-of-pool ids, and loads past the length
 //            are waited out unused); without it the page ids of tokens >= len are never read.
+//            GQA_PAGED_NEXT builds (development): launches of several waves prefetch the successor
+//            CTA's first sub-tiles into L2 while this CTA's rings drain (see NEXT_BUILD below).
 // Tiles      4-D tensor maps over the K and V pools: NHD (D, Hkv, page, pages), box
 //            {64, 1, BT, 1}; HND (D, page, Hkv, pages), box {64, BT, 1, 1} (GQA_PAGED_FLAG_HND);
 //            128B swizzle, so a slot holds D/64 blocks of TOK rows x 128 B exactly as the other
@@ -61,6 +63,17 @@ using RA = RecvArea<D, ROWS, W, RING_BYTES>;
 // no register left for it (a 4-byte spill on sm_90a).
 constexpr bool CLUSTER_MERGE = D <= 128;
 constexpr bool SPEC_BUILD = D <= 128;
+// GQA_PAGED_NEXT = n > 0 (development switch, GQADRV_PAGED_NEXT=n): in launches of more than one wave
+// (the host puts the successor stride G in the flags' high bits, GQA_PAGED_NEXT_SHIFT) each warp,
+// once its own ring stops refilling, prefetches into L2 the first n sub-tiles that warp w of CTA
+// x + G (the CTA that takes a freed SM next) will load first: its length is read beside this
+// CTA's, its block-table entries one step before the prefetches (only entries below its length,
+// only page ids inside the pool). Nothing is written; the successor's own loads then find L2.
+#ifndef GQA_PAGED_NEXT
+#define GQA_PAGED_NEXT 0
+#endif
+constexpr int NEXT_SUBS = GQA_PAGED_NEXT > STAGES ? STAGES : (GQA_PAGED_NEXT < 0 ? 0 : GQA_PAGED_NEXT);
+constexpr bool NEXT_BUILD = NEXT_SUBS > 0 && D <= 128;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(W * 32, 1)
@@ -170,6 +183,18 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   // as before the speculative start: their registers are all taken), then the guessed sub-tiles'
   // table entries beside it, then the prefetches of the q rows and the table row.
   const int raw_len = SPEC_BUILD ? args.lengths[unit.b] : 0;
+  // GQA_PAGED_NEXT: the successor CTA (x + G) and its length, loaded beside this CTA's
+  PagedSchedule succ{};
+  int succ_raw = 0;
+  bool has_succ = false;
+  if constexpr (NEXT_BUILD) {
+    const int G = (int)((u32)args.flags >> GQA_PAGED_NEXT_SHIFT);
+    has_succ = G > 0 && (int)blockIdx.x + G < (int)gridDim.x;
+    if (has_succ) {
+      succ = paged_unit_at(args, (int)blockIdx.x + G);
+      succ_raw = __ldg(args.lengths + succ.b);
+    }
+  }
   int pg[STAGES];
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) pg[s] = s < spec ? fetch_at(first_c + s * step, args.capacity) : -1;
@@ -220,8 +245,27 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   paged_load_q(dec, args, sc, lane);
   pdl_launch_dependents();
 
+  // GQA_PAGED_NEXT: the successor warp's first sub-tiles (page id of box `lane`), read at step
+  // pf_step - 1 (or at pf_step when the warp has no earlier step) and prefetched from pf_step on, one
+  // per step: the steps after this warp's last refill, when its ring drains.
+  int spg[NEXT_BUILD ? NEXT_SUBS : 1];
+  int s_first = 0, s_count = 0, s_len = 0;
+  const int pf_step = count > STAGES ? count - STAGES : 0;
   for (int i = 0; i < count; ++i) {
     const int nxt = i + STAGES < count ? fetch_at(first + (i + STAGES) * step, sc.len) : -1;  // in flight during this step
+    if constexpr (NEXT_BUILD) {
+      if (has_succ && i == (pf_step > 0 ? pf_step - 1 : 0)) {
+        const PagedSchedule ss = paged_schedule(args, succ, TOK, succ_raw);
+        warp_range(ss, s_first, s_count);
+        s_len = ss.len;
+        const int* srow = args.table + (long long)succ.b * args.table_stride;
+#pragma unroll
+        for (int k = 0; k < NEXT_SUBS; ++k) {
+          const int t = (s_first + k * step) * TOK + (lane << bshift);
+          spg[k] = (k < s_count && lane < nbox && t < s_len) ? __ldg(srow + (t >> args.page_shift)) : -1;
+        }
+      }
+    }
     const int slot = i % STAGES;
     mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)(((i / STAGES) + (slot < shifted ? 1 : 0)) & 1));
     if (i == 0) GQA_MARK(args, 3);
@@ -232,6 +276,28 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
       if (lane == 0) fence_proxy_async_smem();
       if (bad_box(first + (i + STAGES) * step, nxt, sc.len)) bad = true;
       issue(slot, first + (i + STAGES) * step, nxt);
+    }
+    if constexpr (NEXT_BUILD) {
+      if (has_succ) {
+#pragma unroll
+        for (int k = 0; k < NEXT_SUBS; ++k) {
+          if (k < s_count && i == pf_step + k) {  // warp-uniform
+            const int tok0 = (s_first + k * step) * TOK;
+            for (int kb = 0; kb < nbox; ++kb) {
+              const int pg = __shfl_sync(0xffffffffu, spg[k], kb);
+              if (lane == 0 && (unsigned)pg < (unsigned)args.num_pages) {  // -1: past the length
+                const int tin = (tok0 + (kb << bshift)) & in_page;
+                const int c1 = hnd ? tin : succ.kvh, c2 = hnd ? succ.kvh : tin;
+#pragma unroll
+                for (int cb = 0; cb < NB; ++cb) {
+                  tma_prefetch_l2_4d(&k_map, EPB * cb, c1, c2, pg);
+                  tma_prefetch_l2_4d(&v_map, EPB * cb, c1, c2, pg);
+                }
+              }
+            }
+          }
+        }
+      }
     }
   }
   // Kept speculative loads past the real sub-tile count: let them land before smem is reused.

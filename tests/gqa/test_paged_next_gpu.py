@@ -1,0 +1,144 @@
+"""The paged TMA kernel's successor prefetch on the GPU (GQA_PAGED_NEXT builds, a development switch:
+GQADRV_PAGED_NEXT=n, kernels/gqa/sm90/decode_paged_tma.cu). In launches of more than one wave the
+host puts the successor stride G (co-resident CTAs) in the flags' high bits and each warp of CTA x,
+once its ring stops refilling, prefetches into L2 the first n sub-tiles of warp w of CTA x + G. The
+prefetch writes nothing, so every output, LSE and status word must equal the default build's bit for
+bit; the cases are multi-wave grids with lengths of every kind (0, negative, past the capacity, 1,
+short, full), table entries past the pages poisoned or real (NaN pages), a page id outside the pool in
+a successor's first box, fp16 / bf16 / e4m3 caches, NHD / HND, s_q 2, D 64 and 128, and the
+batch-invariant mode. One fp16 case is also held against the float64 oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gqadrv.gqa.reference import TABLE_POISON
+from tests.gqa.paged_cases import check_paged, dense_case
+
+pytestmark = pytest.mark.gpu
+
+SHIFT = 16  # GQA_PAGED_NEXT_SHIFT
+
+
+def _lengths(B: int, C: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    lens = list(rng.integers(C // 2, C + 1, B))
+    for i, v in enumerate([0, -3, 10**9, 1, 17, C, C - 1, 33]):
+        lens[(5 * i + 1) % B] = v
+    return lens
+
+
+# batch, capacity, Hq, Hkv, D, dtype, page, layout, s_q, kv ("fp" or "e4m3"), splits, table_fill, deterministic
+CASES = [
+    (48, 1024, 32, 8, 128, "float16", 16, "NHD", 1, "fp", None, TABLE_POISON, False),
+    (48, 1024, 32, 8, 128, "float16", 16, "NHD", 1, "e4m3", None, TABLE_POISON, False),
+    (40, 2048, 32, 8, 128, "bfloat16", 64, "HND", 2, "e4m3", None, 0, False),
+    (40, 1024, 32, 8, 128, "bfloat16", 32, "HND", 2, "fp", None, 0, False),
+    (96, 512, 16, 8, 64, "float16", 16, "NHD", 1, "fp", None, 0, False),
+    (24, 2048, 32, 8, 128, "float16", 16, "NHD", 1, "e4m3", 2, TABLE_POISON, True),
+]
+
+
+def _flags(p) -> int:
+    return p._plans[0].args.get_field("args.flags")
+
+
+def _prepare(d, layout, splits, det, kv):
+    import cupy as cp
+
+    import gqadrv
+
+    q, kc, vc, bt, sl = d
+    o = cp.empty_like(q)
+    o.view(cp.uint16).fill(0xFFFF)
+    lb = cp.full(q.shape[:3], np.nan, cp.float32)
+    extra = {}
+    if kv is not None:
+        kc, vc, extra = kv
+    p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=o, lse=lb,
+                                        kv_layout=layout, num_splits=splits, deterministic=det, **extra)
+    return p, o, lb
+
+
+def _run(p, o, lb):
+    import cupy as cp
+
+    import gqadrv
+
+    for _ in range(3):  # repeated launches: nothing carries over between them
+        gqadrv.launch_prepared(p)
+    cp.cuda.Device().synchronize()
+    return cp.asnumpy(o), cp.asnumpy(lb), gqadrv.check_status(p)
+
+
+@pytest.mark.parametrize("n", [3, 1])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}C{c[1]}h{c[2]}/{c[3]}d{c[4]}{c[5][:2]}p{c[6]}{c[7]}"
+                                                     f"s{c[8]}{c[9]}S{c[10]}{'det' if c[12] else ''}")
+def test_successor_prefetch_changes_no_bit(monkeypatch, case, n):
+    import cupy as cp
+
+    import gqadrv
+
+    B, C, hq, hkv, D, dtype, page, layout, s_q, kvk, splits, table_fill, det = case
+    lens = _lengths(B, C, seed=B + C)
+    q, kc, vc, bt, hl, ref_out, ref_lse = dense_case(B, C, hq, hkv, D, dtype, page, layout, s_q, lens,
+                                                     seed=B * 7 + D, table_fill=table_fill)
+    d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
+    kv = None
+    if kvk == "e4m3":
+        k8, ks = gqadrv.quantize_kv_fp8(d[1])
+        v8, vs = gqadrv.quantize_kv_fp8(d[2])
+        kv = (k8, v8, {"kv_dtype": "e4m3", "k_scale": float(ks.get()), "v_scale": float(vs.get())})
+
+    monkeypatch.delenv("GQADRV_PAGED_NEXT", raising=False)
+    p0, o0, l0 = _prepare(d, layout, splits, det, kv)
+    assert p0.route.startswith("paged_tma_") and _flags(p0) >> SHIFT == 0, (p0.route, _flags(p0))
+    base = _run(p0, o0, l0)
+
+    monkeypatch.setenv("GQADRV_PAGED_NEXT", str(n))
+    p1, o1, l1 = _prepare(d, layout, splits, det, kv)
+    assert p1.route.startswith("paged_tma_") and p1.route.endswith(f"_paged_next{n}"), p1.route
+    assert p1.num_splits == p0.num_splits
+    stride = _flags(p1) >> SHIFT
+    sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+    ctas = B * hkv * -(-s_q * (hq // hkv) // (8 if s_q * (hq // hkv) <= 8 else 16)) * p1.num_splits
+    assert stride > 0 and stride % sm == 0 and ctas > stride, (stride, sm, ctas)  # a launch of several waves
+    got = _run(p1, o1, l1)
+
+    assert np.array_equal(got[0].view(np.uint16), base[0].view(np.uint16)), "out differs from the default build"
+    assert np.array_equal(got[1].view(np.uint32), base[1].view(np.uint32)), "lse differs from the default build"
+    assert got[2] == base[2], (got[2], base[2])
+    assert base[2]["bad_page"] == [], base[2]
+    if kvk == "fp" and n == 3:
+        check_paged(got[0], got[1], ref_out, ref_lse, dtype, "paged successor prefetch")
+
+
+def test_bad_page_in_a_successor_box(monkeypatch):
+    """A page id outside the pool at the first box of requests whose CTAs are successors (and of one in
+    the first wave): they are reported (bad_page) for themselves only, as by the default build, and
+    every output bit equals the default build's."""
+    import cupy as cp
+
+    import gqadrv
+
+    B, C, hq, hkv, D, page = 48, 1024, 32, 8, 128, 16
+    q, kc, vc, bt, hl, _, _ = dense_case(B, C, hq, hkv, D, "float16", page, "NHD", 1, [C] * B, seed=5)
+    bt = bt.copy()
+    bad = [2, 17, 30, 47]  # CTA b * 8 + h: 17 * 8 = 136 and later are successors on a 132-SM GPU
+    for b in bad:
+        bt[b, 0] = kc.shape[0] + 9
+    d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
+    outs = []
+    for n in (None, "3"):
+        if n is None:
+            monkeypatch.delenv("GQADRV_PAGED_NEXT", raising=False)
+        else:
+            monkeypatch.setenv("GQADRV_PAGED_NEXT", n)
+        p, o, lb = _prepare(d, "NHD", None, False, None)
+        outs.append(_run(p, o, lb))
+        assert (_flags(p) >> SHIFT > 0) == (n is not None)
+    for got in outs:
+        assert got[2] == {"empty": [], "clamped": [], "bad_page": bad}, got[2]
+    assert np.array_equal(outs[0][0].view(np.uint16), outs[1][0].view(np.uint16))
+    assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
