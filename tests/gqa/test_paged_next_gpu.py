@@ -18,6 +18,14 @@ from tests.gqa.paged_cases import check_paged, dense_case
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _hopper_only():
+    import cupy as cp
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the paged TMA kernel runs on sm_90 only")
+
 SHIFT = 16  # GQA_PAGED_NEXT_SHIFT
 
 
@@ -56,8 +64,10 @@ def _prepare(d, layout, splits, det, kv):
     extra = {}
     if kv is not None:
         kc, vc, extra = kv
+    # backend "hopper": the TMA kernel also where fp16 D 128 grids of two waves take the cp.async one
     p = gqadrv.prepare_gqa_decode_paged(q=q, k_cache=kc, v_cache=vc, block_table=bt, seq_lens=sl, out=o, lse=lb,
-                                        kv_layout=layout, num_splits=splits, deterministic=det, **extra)
+                                        kv_layout=layout, num_splits=splits, deterministic=det, backend="hopper",
+                                        **extra)
     return p, o, lb
 
 
