@@ -1,4 +1,10 @@
-"""The paged TMA kernel's successor prefetch on the GPU (GQA_PAGED_NEXT builds, a development switch:
+"""Two development switches of the paged TMA kernel on the GPU, against its default build.
+
+GQA_PAGED_MULTI (GQADRV_PAGED_MULTI=1): one-split launches of several waves run a grid of the resident
+CTAs, each walking units with its warps' rings running on across them; outputs, LSE and status words
+must equal the default build's bit for bit (same sub-tiles per warp, same merge order).
+
+The successor prefetch (GQA_PAGED_NEXT builds, a development switch:
 GQADRV_PAGED_NEXT=n, kernels/gqa/sm90/decode_paged_tma.cu). In launches of more than one wave the
 host puts the successor stride G (co-resident CTAs) in the flags' high bits and each warp of CTA x,
 once its ring stops refilling, prefetches into L2 the first n sub-tiles of warp w of CTA x + G. The
@@ -44,7 +50,8 @@ CASES = [
     (40, 2048, 32, 8, 128, "bfloat16", 64, "HND", 2, "e4m3", None, 0, False),
     (40, 1024, 32, 8, 128, "bfloat16", 32, "HND", 2, "fp", None, 0, False),
     (96, 512, 16, 8, 64, "float16", 16, "NHD", 1, "fp", None, 0, False),
-    (24, 2048, 32, 8, 128, "float16", 16, "NHD", 1, "e4m3", 2, TABLE_POISON, True),
+    (24, 2048, 32, 8, 128, "float16", 16, "NHD", 1, "e4m3", None, TABLE_POISON, True),
+    (64, 1024, 128, 8, 128, "float16", 16, "NHD", 1, "fp", None, TABLE_POISON, False),   # 16 rows
 ]
 
 
@@ -82,15 +89,23 @@ def _run(p, o, lb):
     return cp.asnumpy(o), cp.asnumpy(lb), gqadrv.check_status(p)
 
 
-@pytest.mark.parametrize("n", [3, 1])
+SWITCHES = [("GQADRV_PAGED_NEXT", "3"), ("GQADRV_PAGED_NEXT", "1"), ("GQADRV_PAGED_MULTI", "1")]
+
+
+def _clear(monkeypatch):
+    for k, _ in SWITCHES:
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: f"{s[0][7:].lower()}{s[1]}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}C{c[1]}h{c[2]}/{c[3]}d{c[4]}{c[5][:2]}p{c[6]}{c[7]}"
                                                      f"s{c[8]}{c[9]}S{c[10]}{'det' if c[12] else ''}")
-def test_successor_prefetch_changes_no_bit(monkeypatch, case, n):
+def test_switch_changes_no_bit(monkeypatch, case, switch):
     import cupy as cp
 
     import gqadrv
-
     B, C, hq, hkv, D, dtype, page, layout, s_q, kvk, splits, table_fill, det = case
+    env, val = switch
     lens = _lengths(B, C, seed=B + C)
     q, kc, vc, bt, hl, ref_out, ref_lse = dense_case(B, C, hq, hkv, D, dtype, page, layout, s_q, lens,
                                                      seed=B * 7 + D, table_fill=table_fill)
@@ -101,27 +116,37 @@ def test_successor_prefetch_changes_no_bit(monkeypatch, case, n):
         v8, vs = gqadrv.quantize_kv_fp8(d[2])
         kv = (k8, v8, {"kv_dtype": "e4m3", "k_scale": float(ks.get()), "v_scale": float(vs.get())})
 
-    monkeypatch.delenv("GQADRV_PAGED_NEXT", raising=False)
+    _clear(monkeypatch)
     p0, o0, l0 = _prepare(d, layout, splits, det, kv)
     assert p0.route.startswith("paged_tma_") and _flags(p0) >> SHIFT == 0, (p0.route, _flags(p0))
     base = _run(p0, o0, l0)
 
-    monkeypatch.setenv("GQADRV_PAGED_NEXT", str(n))
+    monkeypatch.setenv(env, val)
     p1, o1, l1 = _prepare(d, layout, splits, det, kv)
-    assert p1.route.startswith("paged_tma_") and p1.route.endswith(f"_paged_next{n}"), p1.route
+    tag = f"_paged_{env[14:].lower()}{val}"
+    assert p1.route.startswith("paged_tma_") and p1.route.endswith(tag), (p1.route, tag)
     assert p1.num_splits == p0.num_splits
-    stride = _flags(p1) >> SHIFT
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-    ctas = B * hkv * -(-s_q * (hq // hkv) // (8 if s_q * (hq // hkv) <= 8 else 16)) * p1.num_splits
-    assert stride > 0 and stride % sm == 0 and ctas > stride, (stride, sm, ctas)  # a launch of several waves
+    rows = s_q * (hq // hkv)
+    units = B * hkv * -(-rows // (8 if rows <= 8 else 16))
+    grid = p1._plans[0].grid[0]
+    if env == "GQADRV_PAGED_NEXT":
+        stride = _flags(p1) >> SHIFT
+        assert stride > 0 and stride % sm == 0 and units * p1.num_splits > stride, (stride, sm, units)
+        assert grid == units * p1.num_splits
+    else:  # a grid of the resident CTAs walks the units where the build and the launch allow it
+        if p1.num_splits == 1 and not det:  # (every case's build qualifies: D <= 128, its state fits a slot)
+            assert grid < units and grid % sm == 0, (grid, units, sm)
+        else:
+            assert grid == units * p1.num_splits, (grid, units)
     got = _run(p1, o1, l1)
 
     assert np.array_equal(got[0].view(np.uint16), base[0].view(np.uint16)), "out differs from the default build"
     assert np.array_equal(got[1].view(np.uint32), base[1].view(np.uint32)), "lse differs from the default build"
     assert got[2] == base[2], (got[2], base[2])
     assert base[2]["bad_page"] == [], base[2]
-    if kvk == "fp" and n == 3:
-        check_paged(got[0], got[1], ref_out, ref_lse, dtype, "paged successor prefetch")
+    if kvk == "fp" and (env, val) != ("GQADRV_PAGED_NEXT", "1"):
+        check_paged(got[0], got[1], ref_out, ref_lse, dtype, f"paged {env}={val}")
 
 
 def test_bad_page_in_a_successor_box(monkeypatch):
@@ -140,15 +165,15 @@ def test_bad_page_in_a_successor_box(monkeypatch):
         bt[b, 0] = kc.shape[0] + 9
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
     outs = []
-    for n in (None, "3"):
-        if n is None:
-            monkeypatch.delenv("GQADRV_PAGED_NEXT", raising=False)
-        else:
-            monkeypatch.setenv("GQADRV_PAGED_NEXT", n)
+    for sw in (None, ("GQADRV_PAGED_NEXT", "3"), ("GQADRV_PAGED_MULTI", "1")):
+        _clear(monkeypatch)
+        if sw is not None:
+            monkeypatch.setenv(*sw)
         p, o, lb = _prepare(d, "NHD", None, False, None)
         outs.append(_run(p, o, lb))
-        assert (_flags(p) >> SHIFT > 0) == (n is not None)
+        assert (_flags(p) >> SHIFT > 0) == (sw is not None and sw[0] == "GQADRV_PAGED_NEXT")
     for got in outs:
         assert got[2] == {"empty": [], "clamped": [], "bad_page": bad}, got[2]
-    assert np.array_equal(outs[0][0].view(np.uint16), outs[1][0].view(np.uint16))
-    assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
+    for got in outs[1:]:
+        assert np.array_equal(outs[0][0].view(np.uint16), got[0].view(np.uint16))
+        assert np.array_equal(outs[0][1].view(np.uint32), got[1].view(np.uint32))
