@@ -123,7 +123,7 @@ def test_switch_changes_no_bit(monkeypatch, case, switch):
 
     monkeypatch.setenv(env, val)
     p1, o1, l1 = _prepare(d, layout, splits, det, kv)
-    tag = f"_paged_{env[14:].lower()}{val}"
+    tag = f"_paged_{env[13:].lower()}{val}"
     assert p1.route.startswith("paged_tma_") and p1.route.endswith(tag), (p1.route, tag)
     assert p1.num_splits == p0.num_splits
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
