@@ -17,10 +17,7 @@ split merge through the workspace and the ticket, never in clusters), nospec (GQ
 kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both);
 next / next1 (GQADRV_PAGED_NEXT=3 / 1: in launches of several waves the TMA kernel's warps prefetch the first
 3 / 1 sub-tiles of their successor CTA into L2 while their own rings drain, decode_paged_tma.cu);
-multi (GQADRV_PAGED_MULTI=1: one-split launches of several waves on a grid of the resident CTAs, each walking
-units with its warps' rings running on across them, decode_paged_tma.cu);
-tma / tmamulti (backend "hopper": the TMA kernel also where the large-batch rule takes the cp.async one; without /
-with GQADRV_PAGED_MULTI=1);
+tma (backend "hopper": the TMA kernel also where the large-batch rule takes the cp.async one);
 tiling=W,T,S (GQADRV_TILING=W,T,S on the TMA route: any warps x tokens x stages, e.g. tiling=8,16,2).
 Any config name may end in ``:sN`` to force N splits (``num_splits=N``), e.g. ``tiling=4,32,3:s2``.
 
@@ -50,9 +47,7 @@ CONFIGS = {  # name: (environment, backend, deterministic)
     "nospec": ({"GQADRV_PAGED_SPEC": "0"}, None, False),
     "next": ({"GQADRV_PAGED_NEXT": "3"}, None, False),
     "next1": ({"GQADRV_PAGED_NEXT": "1"}, None, False),
-    "multi": ({"GQADRV_PAGED_MULTI": "1"}, None, False),
     "tma": ({}, "hopper", False),
-    "tmamulti": ({"GQADRV_PAGED_MULTI": "1"}, "hopper", False),
     "detnospec": ({"GQADRV_PAGED_SPEC": "0"}, None, True),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",
