@@ -393,7 +393,7 @@ def test_tma_maps_of_e4m3_pools(monkeypatch):
 
 def test_argument_block_carries_the_scales(monkeypatch):
     """args_fields puts the scales in GqaPagedArgs: device pointers, float32 values, strides."""
-    monkeypatch.setattr(paged, "_flags", lambda problem, spec=False: 0)
+    monkeypatch.setattr(paged, "_flags", lambda problem, spec=False, next_stride=0: 0)
     kdev = fake((HKV,), np.float32)
     p = _paged(k_scale=kdev, v_scale=0.1)
     v = routes.select_paged_variant((9, 0), 128, "float16", p.rows, tma_ok=False, kv8=True)
