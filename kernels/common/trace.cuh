@@ -25,7 +25,7 @@
   } while (0)
 
 // GQADRV_TRACE_SMID(buf, i): thread 0 writes the CTA's %smid into the same slot array (slot i), so the
-// host can line up the CTAs that ran one after another on one SM (tools/trace_decode.py --per-sm).
+// host can line up the CTAs that ran one after another on one SM (tools/trace_decode.py --paged).
 #define GQADRV_TRACE_SMID(buf, i)                                                                  \
   do {                                                                                             \
     if (threadIdx.x == 0) {                                                                        \
