@@ -239,3 +239,42 @@ def test_tma_maps_are_cached_including_not_describable(monkeypatch):
                            fake((2,), np.int32), "HND", None, None, 1.0, None, stream=None)
     assert paged.tma_maps(other) is None and len(calls) == 3
     assert paged.tma_maps(other) is None and len(calls) == 3       # the refusal is remembered
+
+
+def test_successor_prefetch_switch_and_stride(monkeypatch):
+    """GQADRV_PAGED_NEXT=n builds the TMA kernel with GQA_PAGED_NEXT=n (the cp.async family ignores it),
+    compiled without spills (n = 1 e4m3 8 rows, n = 3 fp16 16 rows); the host passes the successor
+    stride (SMs x CTAs per SM) in the flags' high bits only for launches of more than one wave of such
+    builds with a block table, and no stride without the switch."""
+    import types
+
+    from gqadrv.runtime import driver
+    from gqadrv.runtime.compiler import compile_module
+
+    monkeypatch.setattr(driver, "device_info", lambda d: types.SimpleNamespace(sm_count=132, l2_bytes=60 << 20))
+    shape = (64 * 8, 16, 8, 128)
+
+    def problem(batch):
+        return validate_paged(fake((batch, 32, 128)), fake(shape), fake(shape), fake((batch, 8), np.int32),
+                              fake((batch,), np.int32), "NHD", None, None, 1.0, None, stream=None)
+
+    plain = routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True)
+    assert paged.successor_stride(problem(64), plain, 1, 1) == 0
+    monkeypatch.setenv("GQADRV_PAGED_NEXT", "1")
+    assert routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=False).switches == ()
+    v = routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True)
+    assert ("GQA_PAGED_NEXT", 1) in v.switches and v.name.endswith("_paged_next1")
+    assert paged.successor_stride(problem(64), v, 1, 1) == 132          # 512 CTAs on 132 resident
+    assert paged.successor_stride(problem(64), v, 2, 1) == 264
+    assert paged.successor_stride(problem(16), v, 1, 1) == 0            # 128 CTAs: one wave
+    assert paged.successor_stride(problem(16), v, 1, 2) == 132          # 256 CTAs with two splits
+    p = problem(64)
+    flags = paged._flags(p, False, 132)
+    assert flags >> paged_args.GQA_PAGED_NEXT_SHIFT == 132 and flags & ((1 << paged_args.GQA_PAGED_NEXT_SHIFT) - 1) \
+        == paged._flags(p, False, 0)
+    for n, kv8, rows in ((1, True, 8), (3, False, 16)):
+        monkeypatch.setenv("GQADRV_PAGED_NEXT", str(n))
+        v = routes.select_paged_variant((9, 0), 128, "float16", rows, tma_ok=True, kv8=kv8)
+        assert ("GQA_PAGED_NEXT", n) in v.switches
+        r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
+        assert r.spill_stores == 0 and r.stack_bytes == 0, (v.name, r)
