@@ -17,7 +17,10 @@ split merge through the workspace and the ticket, never in clusters), nospec (GQ
 kernel reads the length, then the table, then loads, as before 2026-12-07), detnospec (both);
 next / next1 (GQADRV_PAGED_NEXT=3 / 1: in launches of several waves the TMA kernel's warps prefetch the first
 3 / 1 sub-tiles of their successor CTA into L2 while their own rings drain, decode_paged_tma.cu);
-tma (backend "hopper": the TMA kernel also where the large-batch rule takes the cp.async one);
+multi / multi2 / multi4 (GQADRV_PAGED_MULTI=1 / 2 / 4: one-split launches of several waves on CTAs that each walk
+several units with their warps' rings running on across them: the resident CTAs, or 2 / 4 units per CTA);
+tma / tmamulti2 (backend "hopper": the TMA kernel also where the large-batch rule takes the cp.async one; without /
+with GQADRV_PAGED_MULTI=2);
 tiling=W,T,S (GQADRV_TILING=W,T,S on the TMA route: any warps x tokens x stages, e.g. tiling=8,16,2).
 Any config name may end in ``:sN`` to force N splits (``num_splits=N``), e.g. ``tiling=4,32,3:s2``.
 
@@ -47,7 +50,11 @@ CONFIGS = {  # name: (environment, backend, deterministic)
     "nospec": ({"GQADRV_PAGED_SPEC": "0"}, None, False),
     "next": ({"GQADRV_PAGED_NEXT": "3"}, None, False),
     "next1": ({"GQADRV_PAGED_NEXT": "1"}, None, False),
+    "multi": ({"GQADRV_PAGED_MULTI": "1"}, None, False),
+    "multi2": ({"GQADRV_PAGED_MULTI": "2"}, None, False),
+    "multi4": ({"GQADRV_PAGED_MULTI": "4"}, None, False),
     "tma": ({}, "hopper", False),
+    "tmamulti2": ({"GQADRV_PAGED_MULTI": "2"}, "hopper", False),
     "detnospec": ({"GQADRV_PAGED_SPEC": "0"}, None, True),
 }
 ROWS = ("16,4096,16,NHD", "64,4096,16,NHD", "64,4096,16,HND", "64,4096,1,NHD", "1,32768,16,NHD", "128,8192,16,NHD",

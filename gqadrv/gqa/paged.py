@@ -204,6 +204,17 @@ def speculates(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int
     return ctas <= _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
 
 
+def multi_build(variant: _routes.Variant) -> bool:
+    """Whether a TMA build walks several units per CTA (GQA_PAGED_MULTI, a development switch: MULTI_BUILD of
+    kernels/gqa/sm90/decode_paged_tma.cu): D <= 128 and a warp's state (ROWS x (D + 8) floats and the
+    {m, l} pairs) fits one ring slot (K and V of TOK tokens)."""
+    if variant.family.name != "paged_tma" or not dict(variant.switches).get("GQA_PAGED_MULTI", 0):
+        return False
+    d, rows, tok = variant.head_dim, variant.rows, variant.tiling.tok
+    kv_bytes = max(d, 128) * tok if variant.kv8 else d * tok * 2
+    return d <= SPEC_MAX_HEAD_DIM and rows * 2 * 4 + rows * (d + 8) * 4 <= 2 * kv_bytes
+
+
 def successor_stride(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int, splits: int) -> int:
     """G for the TMA kernel's successor prefetch (GQA_PAGED_NEXT builds, a development switch,
     GQADRV_PAGED_NEXT=n): the co-resident CTAs of a launch of more than one wave (CTA x + G takes the
@@ -244,6 +255,7 @@ def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int
         "k_scale": problem.scales.k_ptr, "v_scale": problem.scales.v_ptr,
         "k_scale_value": problem.scales.k_value, "v_scale_value": problem.scales.v_value,
         "k_scale_stride": problem.scales.k_stride, "v_scale_stride": problem.scales.v_stride,
+        "units": problem.batch * problem.num_kv_heads * row_blocks(problem, variant),
     }
 
 
@@ -267,6 +279,14 @@ def launch_shape(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded
         csmem = variant.dynamic_smem + _routes.cluster_recv_bytes(variant)
         if units <= _kernels.max_active_clusters(loaded, splits, csmem, variant.block, problem.device):
             return grid, variant.block, csmem, (splits, 1, 1)
+    if (splits == 1 and split_subs == 0 and multi_build(variant)
+            and not speculates(problem, variant, loaded.ctas_per_sm, splits)):
+        # GQA_PAGED_MULTI=K builds (development; the kernel walks units x, x + grid, ... exactly for one-split
+        # launches without speculation or clusters): K >= 2 units per CTA, the hardware still placing the
+        # CTAs on the SMs that free first; K = 1 the resident CTAs (a static order, measured 2026-12-08)
+        k = dict(variant.switches)["GQA_PAGED_MULTI"]
+        resident = _drv.device_info(problem.device).sm_count * max(1, loaded.ctas_per_sm)
+        grid = (min(units, resident) if k <= 1 else -(-units // k), 1, 1)
     return grid, variant.block, variant.dynamic_smem, None
 
 

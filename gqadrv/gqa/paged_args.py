@@ -44,6 +44,7 @@ GQA_PAGED_ARGS = NamedStruct(
     ("v_scale_value", "f"),
     ("k_scale_stride", "i"),  # 0: per tensor, 1: per KV head
     ("v_scale_stride", "i"),
+    ("units", "i"),           # B * hkv * row_blocks
 )
 
 GQA_PAGED_FLAG_HND = 4  # TMA maps in HND order (D, page, Hkv, pages)

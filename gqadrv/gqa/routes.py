@@ -105,7 +105,8 @@ BACKEND_FAMILIES = {
 # development only). Every one of them is part of the route and layout keys (tuning_env()).
 TUNING_ENV = ("GQADRV_BACKEND", "GQADRV_TILING", "GQADRV_SHORT_TILING", "GQADRV_PREFETCH", "GQADRV_L2_EVICT_FIRST",
               "GQADRV_TRACE", "GQADRV_PAGED_COPY", "GQADRV_PAGED_DET_EXIT", "GQADRV_KV8_CVT",
-              "GQADRV_KV8_T", "GQADRV_CLUSTER_MERGE", "GQADRV_PAGED_SPEC", "GQADRV_PAGED_NEXT")
+              "GQADRV_KV8_T", "GQADRV_CLUSTER_MERGE", "GQADRV_PAGED_SPEC", "GQADRV_PAGED_NEXT",
+              "GQADRV_PAGED_MULTI")
 # os.environ.get encodes the key and decodes the value (~0.3 us each); on POSIX os.environ keeps
 # its bytes mapping in ``_data`` (kept in step by os.environ[...] = / del / putenv through it), read
 # here directly on the per-call path. The values are only compared with each other.
@@ -220,6 +221,11 @@ def switches_for(family: str) -> tuple[tuple[str, int], ...]:
         # development only (A/B): the TMA paged kernel prefetches its successor CTA's first n sub-tiles
         # into L2 in launches of several waves (decode_paged_tma.cu, GQA_PAGED_NEXT; paged.successor_stride)
         sw.append(("GQA_PAGED_NEXT", int(os.environ["GQADRV_PAGED_NEXT"])))
+    if family == "paged_tma" and os.environ.get("GQADRV_PAGED_MULTI", ""):
+        # development only (A/B): one-split launches of several waves run CTAs that each walk several units
+        # with their warps' rings running on across them (decode_paged_tma.cu, GQA_PAGED_MULTI); the value K
+        # sizes the grid (paged.launch_shape): K >= 2 units per CTA, 1 = the resident CTAs
+        sw.append(("GQA_PAGED_MULTI", max(1, int(os.environ["GQADRV_PAGED_MULTI"]))))
     if os.environ.get("GQADRV_TRACE", "0") == "1":  # development only: see tools/trace_decode.py
         sw.append(("GQA_TRACE", 1))
     return tuple(sw)

@@ -278,3 +278,42 @@ def test_successor_prefetch_switch_and_stride(monkeypatch):
         assert ("GQA_PAGED_NEXT", n) in v.switches
         r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
         assert r.spill_stores == 0 and r.stack_bytes == 0, (v.name, r)
+
+
+def test_multi_unit_switch_builds_and_grids(monkeypatch):
+    """GQADRV_PAGED_MULTI=K builds the TMA kernel with GQA_PAGED_MULTI=K; paged.multi_build mirrors the
+    kernel's MULTI_BUILD (D <= 128 and a warp's state fits one ring slot: not the 16-row e4m3 build at
+    32 tokens); launch_shape gives one-split launches of several waves ceil(units / K) CTAs (K >= 2) or the
+    resident CTAs (K = 1), and one-wave (speculating) or split launches one CTA per unit. Spill-free build."""
+    import types
+
+    from gqadrv.ops import kernels
+    from gqadrv.runtime import driver
+    from gqadrv.runtime.compiler import compile_module
+
+    monkeypatch.setattr(driver, "device_info", lambda d: types.SimpleNamespace(sm_count=132, l2_bytes=60 << 20))
+    loaded = types.SimpleNamespace(ctas_per_sm=1)
+    monkeypatch.setattr(kernels, "max_active_clusters", lambda *a: 0)
+    shape = (64 * 8, 16, 8, 128)
+
+    def problem(batch):
+        return validate_paged(fake((batch, 32, 128)), fake(shape), fake(shape), fake((batch, 8), np.int32),
+                              fake((batch,), np.int32), "NHD", None, None, 1.0, None, stream=None)
+
+    plain = routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True)
+    assert not paged.multi_build(plain) and paged.launch_shape(problem(64), plain, loaded, 1, 0)[0] == (512, 1, 1)
+    for k, grid in (("2", 256), ("4", 128), ("1", 132)):
+        monkeypatch.setenv("GQADRV_PAGED_MULTI", k)
+        v = routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True)
+        assert ("GQA_PAGED_MULTI", int(k)) in v.switches and paged.multi_build(v)
+        assert paged.launch_shape(problem(64), v, loaded, 1, 0)[0] == (grid, 1, 1)    # 512 units
+        assert paged.launch_shape(problem(16), v, loaded, 1, 0)[0] == (128, 1, 1)     # one wave: speculates
+        assert paged.launch_shape(problem(64), v, loaded, 2, 0)[0] == (1024, 1, 1)    # two splits
+        assert paged.launch_shape(problem(64), v, loaded, 1, 3)[0] == (512, 1, 1)     # batch-invariant mode
+    assert paged.multi_build(routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True, kv8=True))
+    assert not paged.multi_build(routes.select_paged_variant((9, 0), 128, "float16", 16, tma_ok=True, kv8=True))
+    assert not paged.multi_build(routes.select_paged_variant((9, 0), 256, "float16", 8, tma_ok=True))
+    assert routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=False).switches == ()
+    v = routes.select_paged_variant((9, 0), 128, "float16", 8, tma_ok=True, kv8=True)
+    r = next(iter(compile_module(v.family.source, "sm_90a", v.defines).resources.values()))
+    assert r.spill_stores == 0 and r.stack_bytes == 0, (v.name, r)

@@ -1,4 +1,12 @@
-"""The paged TMA kernel's successor prefetch on the GPU (GQA_PAGED_NEXT builds, a development switch:
+"""Two development switches of the paged TMA kernel on the GPU, each against the default build.
+
+GQA_PAGED_MULTI (GQADRV_PAGED_MULTI=K): one-split launches of several waves on ceil(units / K) CTAs (K = 2) or
+the resident CTAs (K = 1), each walking units with its warps' rings running on across them (states in the
+freed slots, the next unit's q staged in shared memory); outputs, LSE and status words must equal the default
+build's bit for bit (the same sub-tiles per warp, the same merge order). K = 1 ran on an H100 on 2026-12-08
+(22 passed); K = 2 changes only the grid the host sizes.
+
+The successor prefetch (GQA_PAGED_NEXT builds, a development switch:
 GQADRV_PAGED_NEXT=n, kernels/gqa/sm90/decode_paged_tma.cu). In launches of more than one wave the
 host puts the successor stride G (co-resident CTAs) in the flags' high bits and each warp of CTA x,
 once its ring stops refilling, prefetches into L2 the first n sub-tiles of warp w of CTA x + G. The
@@ -83,7 +91,8 @@ def _run(p, o, lb):
     return cp.asnumpy(o), cp.asnumpy(lb), gqadrv.check_status(p)
 
 
-SWITCHES = [("GQADRV_PAGED_NEXT", "3"), ("GQADRV_PAGED_NEXT", "1")]
+SWITCHES = [("GQADRV_PAGED_NEXT", "3"), ("GQADRV_PAGED_NEXT", "1"), ("GQADRV_PAGED_MULTI", "1"),
+            ("GQADRV_PAGED_MULTI", "2")]
 
 
 def _clear(monkeypatch):
@@ -94,10 +103,11 @@ def _clear(monkeypatch):
 @pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: f"{s[0][7:].lower()}{s[1]}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}C{c[1]}h{c[2]}/{c[3]}d{c[4]}{c[5][:2]}p{c[6]}{c[7]}"
                                                      f"s{c[8]}{c[9]}S{c[10]}{'det' if c[12] else ''}")
-def test_successor_prefetch_changes_no_bit(monkeypatch, case, switch):
+def test_switch_changes_no_bit(monkeypatch, case, switch):
     import cupy as cp
 
     import gqadrv
+
     B, C, hq, hkv, D, dtype, page, layout, s_q, kvk, splits, table_fill, det = case
     env, val = switch
     lens = _lengths(B, C, seed=B + C)
@@ -124,9 +134,17 @@ def test_successor_prefetch_changes_no_bit(monkeypatch, case, switch):
     rows = s_q * (hq // hkv)
     units = B * hkv * -(-rows // (8 if rows <= 8 else 16))
     grid = p1._plans[0].grid[0]
-    stride = _flags(p1) >> SHIFT
-    assert stride > 0 and stride % sm == 0 and units * p1.num_splits > stride, (stride, sm, units)  # several waves
-    assert grid == units * p1.num_splits
+    if env == "GQADRV_PAGED_NEXT":
+        stride = _flags(p1) >> SHIFT
+        assert stride > 0 and stride % sm == 0 and units * p1.num_splits > stride, (stride, sm, units)  # several waves
+        assert grid == units * p1.num_splits
+    elif p1.num_splits == 1 and not det:  # every case's build qualifies (D <= 128, its state fits a slot)
+        if val == "2":  # two units per CTA
+            assert grid == -(-units // 2), (grid, units)
+        else:  # the resident CTAs
+            assert grid < units and grid % sm == 0, (grid, units, sm)
+    else:  # splits or the batch-invariant mode: one unit per CTA
+        assert grid == units * p1.num_splits, (grid, units)
     got = _run(p1, o1, l1)
 
     assert np.array_equal(got[0].view(np.uint16), base[0].view(np.uint16)), "out differs from the default build"
@@ -140,7 +158,8 @@ def test_successor_prefetch_changes_no_bit(monkeypatch, case, switch):
 def test_bad_page_in_a_successor_box(monkeypatch):
     """A page id outside the pool at the first box of requests whose CTAs are successors (and of one in
     the first wave): they are reported (bad_page) for themselves only, as by the default build, and
-    every output bit equals the default build's."""
+    every output bit equals the default build's; the same under both GQADRV_PAGED_MULTI forms (units
+    after a CTA's first)."""
     import cupy as cp
 
     import gqadrv
@@ -153,13 +172,13 @@ def test_bad_page_in_a_successor_box(monkeypatch):
         bt[b, 0] = kc.shape[0] + 9
     d = tuple(cp.asarray(x) for x in (q, kc, vc, bt, hl))
     outs = []
-    for sw in (None, ("GQADRV_PAGED_NEXT", "3")):
+    for sw in (None, ("GQADRV_PAGED_NEXT", "3"), ("GQADRV_PAGED_MULTI", "1"), ("GQADRV_PAGED_MULTI", "2")):
         _clear(monkeypatch)
         if sw is not None:
             monkeypatch.setenv(*sw)
         p, o, lb = _prepare(d, "NHD", None, False, None)
         outs.append(_run(p, o, lb))
-        assert (_flags(p) >> SHIFT > 0) == (sw is not None)
+        assert (_flags(p) >> SHIFT > 0) == (sw is not None and sw[0] == "GQADRV_PAGED_NEXT")
     for got in outs:
         assert got[2] == {"empty": [], "clamped": [], "bad_page": bad}, got[2]
     for got in outs[1:]:

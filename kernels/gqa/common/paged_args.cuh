@@ -65,6 +65,7 @@ struct GqaPagedArgs {
   float v_scale_value;
   int k_scale_stride;
   int v_scale_stride;
+  int units;             // B * hkv * row_blocks (the TMA kernel's GQA_PAGED_MULTI builds walk them, grid-strided)
 };
 // The TMA kernel's tensor maps are HND-ordered (D, page, Hkv, pages) instead of NHD-ordered
 // (D, Hkv, page, pages): the box coordinates swap.

@@ -33,18 +33,23 @@ struct PagedDecoderSel<DT, D, ROWS, TOK, KV8, true> {
 template <int DT, int D, int ROWS, int TOK, bool KV8>
 using PagedDecoder = typename PagedDecoderSel<DT, D, ROWS, TOK, KV8>::type;
 
-template <class Dec>
-GQADRV_DEVICE void paged_load_q(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane) {
-  constexpr int D = Dec::DIM, ROWS = Dec::NROWS;
+// The global address of query row r (r < ROWS) of the unit's row block, or null past the rows
+// (paged_stage_q; paged_load_q keeps its own copy of this arithmetic, its SASS predating this helper).
+template <int D, int ROWS>
+GQADRV_DEVICE const u16* paged_q_row(const GqaPagedArgs& a, const PagedSchedule& sc, int r) {
+  const int gr = sc.rb * ROWS + r;
+  if (gr >= a.rows) return nullptr;
+  const int j = gr / a.group;
+  return a.q + (((long long)sc.b * a.s_q + j) * (a.hkv * a.group) + (long long)sc.kvh * a.group + (gr - j * a.group)) * D;
+}
+
+// The lane's query rows through `q_row(r)` (a row pointer or null), the KV head's scales (e4m3) and the
+// rows' causal shifts into the decoder.
+template <class Dec, class QRow>
+GQADRV_DEVICE void paged_load_q_with(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane, QRow q_row) {
+  constexpr int ROWS = Dec::NROWS;
   constexpr bool KV8 = Dec::IS_KV8;
-  const int hq = a.hkv * a.group;
   const int row0 = sc.rb * ROWS;
-  auto q_row = [&](int r) -> const u16* {
-    const int gr = row0 + r;
-    if (gr >= a.rows) return nullptr;
-    const int j = gr / a.group;
-    return a.q + (((long long)sc.b * a.s_q + j) * hq + (long long)sc.kvh * a.group + (gr - j * a.group)) * D;
-  };
   auto shift = [&](int r) -> int {
     const int gr = row0 + r;
     return gr >= a.rows ? 0 : a.s_q - 1 - gr / a.group;
@@ -58,6 +63,92 @@ GQADRV_DEVICE void paged_load_q(Dec& dec, const GqaPagedArgs& a, const PagedSche
     dec.load_q(q_row(g), ROWS == 16 ? q_row(g + 8) : nullptr);
   }
   dec.set_causal(shift(g), ROWS == 16 ? shift(g + 8) : 0, a.s_q - 1 - row0 / a.group);
+}
+
+template <class Dec>
+GQADRV_DEVICE void paged_load_q(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane) {
+  constexpr int D = Dec::DIM, ROWS = Dec::NROWS;
+  const int hq = a.hkv * a.group;
+  const int row0 = sc.rb * ROWS;
+  auto q_row = [&](int r) -> const u16* {
+    const int gr = row0 + r;
+    if (gr >= a.rows) return nullptr;
+    const int j = gr / a.group;
+    return a.q + (((long long)sc.b * a.s_q + j) * hq + (long long)sc.kvh * a.group + (gr - j * a.group)) * D;
+  };
+  paged_load_q_with(dec, a, sc, lane, q_row);
+}
+
+// GQA_PAGED_MULTI of the TMA kernel: the row block's rows from the copy paged_stage_q made in shared memory
+// (row r at staged + r * D; rows past the request's rows stay null).
+template <class Dec>
+GQADRV_DEVICE void paged_load_q_staged(Dec& dec, const GqaPagedArgs& a, const PagedSchedule& sc, int lane,
+                                       const u16* staged) {
+  constexpr int D = Dec::DIM, ROWS = Dec::NROWS;
+  const int row0 = sc.rb * ROWS;
+  paged_load_q_with(dec, a, sc, lane, [&](int r) -> const u16* { return row0 + r < a.rows ? staged + r * D : nullptr; });
+}
+
+// GQA_PAGED_MULTI: copy the query rows of unit `sc` (its row block) into `dst` (ROWS x D u16 of shared
+// memory) with cp.async, 16 bytes per thread (threads tid, tid + nthreads, ...); the caller commits,
+// waits and orders them before the reads (a CTA barrier). Rows past the request's rows are skipped.
+template <int D, int ROWS>
+GQADRV_DEVICE void paged_stage_q(const GqaPagedArgs& a, const PagedSchedule& sc, u16* dst, int tid, int nthreads) {
+  constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+  for (int c = tid; c < ROWS * CHUNKS; c += nthreads) {
+    const int r = c / CHUNKS, k = c - r * CHUNKS;
+    const u16* g = paged_q_row<D, ROWS>(a, sc, r);
+    if (g != nullptr) cp_async_16(smem_u32(dst + r * D + k * 8), g + k * 8, 16u);
+  }
+}
+
+// GQA_PAGED_MULTI: the output rows (and LSE) of one unit of a one-split launch from the W warp states
+// that the warps stored in their free ring slots (s_free[w] = slot index, -1: the warp had no sub-tile,
+// an empty state): slot base {m, l} x ROWS, then ROWS rows of numerators at StateLayout<D>::STRIDE.
+// All W * 32 threads, after a CTA barrier that follows every state store.
+template <int DT, int D, int ROWS, int W, int STAGES, u32 SLOT_BYTES>
+GQADRV_DEVICE void paged_multi_store_unit(const GqaPagedArgs& a, const PagedSchedule& sc, u8* ring, const int* s_free,
+                                          int rows_here) {
+  constexpr int D8 = D / 8, ST = StateLayout<D>::STRIDE;
+  EpilogueTarget tg;
+  tg.out_row0 = (long long)sc.b * a.s_q * (a.hkv * a.group) + (long long)sc.kvh * a.group;
+  tg.first_row = sc.rb * ROWS;
+  tg.group = a.group;
+  tg.row_step = a.hkv * a.group;
+  for (int it = threadIdx.x; it < rows_here * D8; it += W * 32) {
+    const int row = it / D8, d0 = (it - row * D8) * 8;
+    float M = neg_inf(), den = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const int f = s_free[w];
+      if (f >= 0) M = fmaxf(M, reinterpret_cast<const float*>(ring + (size_t)(w * STAGES + f) * SLOT_BYTES)[2 * row]);
+    }
+    if (M != neg_inf()) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int f = s_free[w];
+        if (f < 0) continue;
+        const float* ml = reinterpret_cast<const float*>(ring + (size_t)(w * STAGES + f) * SLOT_BYTES);
+        const float mw = ml[2 * row];
+        if (mw == neg_inf()) continue;
+        const float wt = softmax_weight(mw, M);
+        den += wt * ml[2 * row + 1];
+        const U32x4* src = reinterpret_cast<const U32x4*>(ml + ROWS * 2 + row * ST + d0);
+        const U32x4 lo = src[0], hi = src[1];
+        acc[0] += wt * __uint_as_float(lo.x);
+        acc[1] += wt * __uint_as_float(lo.y);
+        acc[2] += wt * __uint_as_float(lo.z);
+        acc[3] += wt * __uint_as_float(lo.w);
+        acc[4] += wt * __uint_as_float(hi.x);
+        acc[5] += wt * __uint_as_float(hi.y);
+        acc[6] += wt * __uint_as_float(hi.z);
+        acc[7] += wt * __uint_as_float(hi.w);
+      }
+    }
+    const long long orow = target_row<true>(tg, row);
+    store_row8<DT>(a.out + orow * D + d0, acc, den > 0.f ? 1.f / den : 0.f);
+    if (a.lse != nullptr && d0 == 0) a.lse[orow] = state_lse(M, den);
+  }
 }
 
 // Start of a CTA, before its schedule reads the request's length: prefetch what the next two round

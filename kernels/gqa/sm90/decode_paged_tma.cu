@@ -6,6 +6,8 @@
 //
 // CTA work   one (batch b, KV head kvh, row block rb, split s) of the grid B*Hkv*RB*S, as in the
 //            cp.async kernel: ROWS query rows against the split's sub-tiles of TOK tokens.
+//            GQA_PAGED_MULTI builds (development): one-split launches on a smaller grid walk units
+//            blockIdx.x, + gridDim.x, ... (see MULTI_BUILD below).
 // Warps      GQA_WARPS identical consumer warps, no producer warp: warp w takes sub-tiles
 //            begin+w, begin+w+W, ... of its split, or with GQA_PAGED_FLAG_SPEC and balanced splits
 //            s*W+w, s*W+w+S*W, ... (interleaved: independent of the length); its lanes
@@ -30,7 +32,9 @@
 // Smem map   [0, W*STAGES*SLOT) rings (slot = K then V, D/64 blocks of TOK x 128 B, 1024-byte
 //            aligned), reused after the loop as the MergeArea and the split-merge scratch (cluster
 //            launches: every CTA's receive area past both, RecvArea of cluster_merge.cuh);
-//            mbarriers full[W][STAGES] in static shared memory.
+//            mbarriers full[W][STAGES] in static shared memory. GQA_PAGED_MULTI: each warp's state
+//            goes into the ring slot it read last (s_free), the next unit's q rows are staged in
+//            s_qs[2][ROWS*D] (static, cp.async), s_slot_bad[W][STAGES] marks slots with a bad page id.
 // Barriers   full[w][slot]: count 1, lane 0 arrive.expect_tx(SLOT) + 2*NB*NBOX boxes complete it;
 //            parity (i / STAGES) & 1 for the warp's i-th sub-tile, plus one on the slots whose
 //            speculative fill was waited out and dropped (`shifted`). A slot is refilled by lane 0
@@ -74,6 +78,23 @@ constexpr bool SPEC_BUILD = D <= 128;
 #endif
 constexpr int NEXT_SUBS = GQA_PAGED_NEXT > STAGES ? STAGES : (GQA_PAGED_NEXT < 0 ? 0 : GQA_PAGED_NEXT);
 constexpr bool NEXT_BUILD = NEXT_SUBS > 0 && D <= 128;
+// GQA_PAGED_MULTI = K (development switch, GQADRV_PAGED_MULTI=K): launches of one split without
+// speculation or clusters may use a grid smaller than the units (the host sizes it, paged.launch_shape:
+// ceil(units / K) CTAs, or the resident CTAs for K = 1); each CTA then walks units blockIdx.x,
+// + gridDim.x, ... and every warp's ring runs on across them: the loads of the next unit's first
+// sub-tiles are issued as the slots of this unit free up, so a unit's start no longer waits for its
+// first boxes. The resident form (K = 1) was 1.4-4.8 % slower on an H100 (2026-12-08: the static
+// order loses the hardware's placement of CTAs on the SMs that free first); K >= 2 keeps that
+// placement at K units per CTA. At a unit's end each warp
+// stores its state into the slot it read last (refilled only after the unit's output is written),
+// and the CTA merges the W states from there: ROWS x (D + 8) floats plus the {m, l} pairs must fit a
+// slot (STATE_BYTES). Other launches (splits, the batch-invariant mode, one-wave speculation) take the
+// one-unit path below unchanged.
+#ifndef GQA_PAGED_MULTI
+#define GQA_PAGED_MULTI 0
+#endif
+constexpr u32 STATE_BYTES = (u32)ROWS * 2 * 4 + (u32)ROWS * StateLayout<D>::STRIDE * 4;
+constexpr bool MULTI_BUILD = GQA_PAGED_MULTI != 0 && D <= 128 && STATE_BYTES <= SLOT_BYTES;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(W * 32, 1)
@@ -84,6 +105,9 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   __shared__ u32 s_ticket;
   __shared__ u32 s_bad[W];
   __shared__ __align__(8) u64 recv_bar;  // cluster launches: the split merge's receive barrier
+  __shared__ int s_free[MULTI_BUILD ? W : 1];               // GQA_PAGED_MULTI: the slot holding warp w's state
+  __shared__ u32 s_slot_bad[MULTI_BUILD ? W : 1][STAGES];  // GQA_PAGED_MULTI: a box of the slot's load was bad
+  __shared__ __align__(16) u16 s_qs[MULTI_BUILD ? 2 : 1][MULTI_BUILD ? ROWS * D : 8];  // GQA_PAGED_MULTI: next unit's q
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0 && (smem_u32(smem) & 1023u)) __trap();  // the 128B swizzle needs 1 KB alignment
   // Cluster launches (S = num_splits CTAs of one unit (batch, KV head, row block), rank = split)
@@ -193,6 +217,151 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
     if (has_succ) {
       succ = paged_unit_at(args, (int)blockIdx.x + G);
       succ_raw = __ldg(args.lengths + succ.b);
+    }
+  }
+  if constexpr (MULTI_BUILD) {
+    if (!spec_on && args.num_splits == 1 && args.split_subs == 0 && ncl == 1 && args.units > 0) {
+      // ---- GQA_PAGED_MULTI: units blockIdx.x, + G, ... with one ring sequence per warp
+      const int G = (int)gridDim.x, n_units = args.units;
+      auto len_of = [&](int u) -> int { return u < n_units ? __ldg(args.lengths + paged_unit_at(args, u).b) : 0; };
+      // issue cursor: unit iu, its k-th sub-tile of this warp (ic of them from ifirst, step W)
+      int iu = (int)blockIdx.x, ik = -1, ic = 0, ifirst = 0, ilen = 0, ikvh = 0;
+      const int* irow = trow;
+      int i_pre = len_of(iu + G);  // the next unit's length, in flight
+      auto i_setup = [&](int u, int raw) {
+        const PagedSchedule q = paged_schedule(args, paged_unit_at(args, u), TOK, raw);
+        ilen = q.len;
+        ifirst = q.sub_begin + warp;
+        ic = ifirst < q.sub_end ? (q.sub_end - ifirst + W - 1) / W : 0;
+        irow = args.table + (long long)q.b * args.table_stride;
+        ikvh = q.kvh;
+        ik = -1;
+      };
+      i_setup(iu, raw_len);
+      auto i_advance = [&]() -> bool {  // to the next (unit, sub-tile) of this warp; false past the last unit
+        ++ik;
+        while (ik >= ic) {
+          iu += G;
+          if (iu >= n_units) return false;
+          i_setup(iu, i_pre);
+          i_pre = len_of(iu + G);
+          ik = 0;
+        }
+        return true;
+      };
+      auto i_fetch = [&]() -> int {  // page id of box `lane` of the cursor's sub-tile (-1 past its length)
+        const int t = (ifirst + ik * W) * TOK + (lane << bshift);
+        return (lane < nbox && t < ilen) ? __ldg(irow + (t >> args.page_shift)) : -1;
+      };
+      auto i_issue = [&](int slot_idx, int my_pg) {  // all lanes; lane 0 issues the cursor's sub-tile
+        const int sub = ifirst + ik * W;
+        const bool b = __any_sync(0xffffffffu, bad_box(sub, my_pg, ilen));
+        if (lane == 0) s_slot_bad[warp][slot_idx] = b ? 1u : 0u;
+        const int tok0 = sub * TOK;
+        const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
+        const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
+        if (lane == 0) mbar_arrive_expect_tx(bar, SLOT_BYTES);
+        for (int k = 0; k < nbox; ++k) {
+          const int pg = __shfl_sync(0xffffffffu, my_pg, k);
+          if (lane == 0) {
+            const int tin = (tok0 + (k << bshift)) & in_page;
+            const int c1 = hnd ? tin : ikvh, c2 = hnd ? ikvh : tin;
+#pragma unroll
+            for (int cb = 0; cb < NB; ++cb) {
+              const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
+              tma_load_4d(dst, &k_map, bar, EPB * cb, c1, c2, pg, policy);
+              tma_load_4d(dst + SLOT_BYTES / 2, &v_map, bar, EPB * cb, c1, c2, pg, policy);
+            }
+          }
+        }
+      };
+      // the first STAGES positions of the warp's sequence
+#pragma unroll 1
+      for (int s = 0; s < STAGES; ++s) {
+        if (!i_advance()) break;
+        i_issue(s, i_fetch());
+      }
+      __syncwarp();  // lane 0's s_slot_bad words before any lane reads them
+      int c_raw = raw_len, c_pre = len_of((int)blockIdx.x + G);
+      long long pos = 0;  // consumer position in the warp's sequence
+      int it = 0;         // units done by this CTA (the q staging buffer of unit it is s_qs[it & 1])
+#pragma unroll 1
+      for (int u = (int)blockIdx.x; u < n_units; u += G, ++it) {
+        const PagedSchedule sc = paged_schedule(args, paged_unit_at(args, u), TOK, c_raw);
+        c_raw = c_pre;
+        c_pre = len_of(u + 2 * G);
+        const int first = sc.sub_begin + warp;
+        const int count = first < sc.sub_end ? (sc.sub_end - first + W - 1) / W : 0;
+        Decoder dec;
+        dec.init(lane);
+        // q of the first unit from global memory, of later ones from the copy staged during the unit before
+        if (it == 0)
+          paged_load_q(dec, args, sc, lane);
+        else
+          paged_load_q_staged(dec, args, sc, lane, s_qs[it & 1]);
+        if (it == 0) pdl_launch_dependents();
+        if (u + G < n_units) {  // stage the next unit's q (read after this unit's barriers)
+          paged_stage_q<D, ROWS>(args, paged_unit_at(args, u + G), s_qs[(it + 1) & 1], threadIdx.x, W * 32);
+          cp_async_commit();
+        }
+        bool ubad = false;
+        int free_slot = -1;
+        for (int k = 0; k < count; ++k) {
+          const int slot = (int)(pos % STAGES);
+          const bool last = k == count - 1;
+          bool more = false;
+          int nxt = -1;
+          if (!last) {
+            more = i_advance();
+            if (more) nxt = i_fetch();  // in flight during this step
+          }
+          mbar_wait(smem_u32(&full_bar[warp][slot]), (u32)((pos / STAGES) & 1));
+          if (s_slot_bad[warp][slot]) ubad = true;
+          SwizzledSmemChunks src{ring + (size_t)slot * SLOT_BYTES};
+          dec.step(src, (first + k * W) * TOK, sc.len, args.scale_log2);
+          __syncwarp();
+          if (more) {
+            if (lane == 0) fence_proxy_async_smem();
+            i_issue(slot, nxt);
+          }
+          if (last) free_slot = slot;  // refilled after the unit's output is written
+          ++pos;
+        }
+        // ---- unit end: states into the free slots, merge, output rows, status words
+        dec.finish();
+        const int row0 = sc.rb * ROWS;
+        const int rows_here = args.rows - row0 < ROWS ? args.rows - row0 : ROWS;
+        if (free_slot >= 0) {
+          float* base = reinterpret_cast<float*>(ring + (size_t)free_slot * SLOT_BYTES);
+          dec.store_state(base, base + ROWS * 2, rows_here);
+        }
+        {
+          const bool any_bad = __any_sync(0xffffffffu, ubad);
+          if (lane == 0) {
+            s_free[warp] = free_slot;
+            s_bad[warp] = any_bad ? 1u : 0u;
+          }
+        }
+        cp_async_wait<0>();  // this thread's part of the next unit's q
+        __syncthreads();
+        if (!GQA_TRACE && args.status != nullptr && sc.kvh == 0 && sc.rb == 0 && threadIdx.x == 0) {
+          u32* st = args.status + (long long)sc.b * 2;
+          st[0] = sc.raw_len <= 0 ? 1u : (sc.raw_len > args.capacity ? 2u : 0u);
+          u32 b = 0u;
+#pragma unroll
+          for (int w = 0; w < W; ++w) b |= s_bad[w];
+          st[1] = b;
+        }
+        paged_multi_store_unit<DT, D, ROWS, W, STAGES, SLOT_BYTES>(args, sc, smem, s_free, rows_here);
+        __syncthreads();  // every state read: the free slots may be refilled
+        if (free_slot >= 0 && i_advance()) {
+          const int my_pg = i_fetch();
+          if (lane == 0) fence_proxy_async_smem();
+          i_issue(free_slot, my_pg);
+          __syncwarp();
+        }
+      }
+      return;
     }
   }
   int pg[STAGES];
