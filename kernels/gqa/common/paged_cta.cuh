@@ -134,15 +134,12 @@ GQADRV_DEVICE void paged_multi_store_unit(const GqaPagedArgs& a, const PagedSche
         const float wt = softmax_weight(mw, M);
         den += wt * ml[2 * row + 1];
         const U32x4* src = reinterpret_cast<const U32x4*>(ml + ROWS * 2 + row * ST + d0);
-        const U32x4 lo = src[0], hi = src[1];
-        acc[0] += wt * __uint_as_float(lo.x);
-        acc[1] += wt * __uint_as_float(lo.y);
-        acc[2] += wt * __uint_as_float(lo.z);
-        acc[3] += wt * __uint_as_float(lo.w);
-        acc[4] += wt * __uint_as_float(hi.x);
-        acc[5] += wt * __uint_as_float(hi.y);
-        acc[6] += wt * __uint_as_float(hi.z);
-        acc[7] += wt * __uint_as_float(hi.w);
+        const U32x4 h[2] = {src[0], src[1]};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const u32 x = (i & 3) == 0 ? h[i >> 2].x : ((i & 3) == 1 ? h[i >> 2].y : ((i & 3) == 2 ? h[i >> 2].z : h[i >> 2].w));
+          acc[i] += wt * __uint_as_float(x);
+        }
       }
     }
     const long long orow = target_row<true>(tg, row);

@@ -157,7 +157,8 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
   auto bad_box = [&](int sub, int my_pg, int len) -> bool {
     return lane < nbox && sub * TOK + (lane << bshift) < len && (unsigned)my_pg >= (unsigned)args.num_pages;
   };
-  auto issue = [&](int slot_idx, int sub, int my_pg) {  // all lanes (shuffles); lane 0 issues
+  // Sub-tile `sub` of KV head `kvh` into ring slot `slot_idx`: all lanes (shuffles); lane 0 issues.
+  auto issue_kvh = [&](int slot_idx, int sub, int my_pg, int kvh) {
     const int tok0 = sub * TOK;
     const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
     const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
@@ -166,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
       const int pg = __shfl_sync(0xffffffffu, my_pg, k);
       if (lane == 0) {
         const int tin = (tok0 + (k << bshift)) & in_page;
-        const int c1 = hnd ? tin : unit.kvh, c2 = hnd ? unit.kvh : tin;
+        const int c1 = hnd ? tin : kvh, c2 = hnd ? kvh : tin;
 #pragma unroll
         for (int cb = 0; cb < NB; ++cb) {
           const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
@@ -176,6 +177,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
       }
     }
   };
+  auto issue = [&](int slot_idx, int sub, int my_pg) { issue_kvh(slot_idx, sub, my_pg, unit.kvh); };
 
   // ---- speculative ring fill (GQA_PAGED_FLAG_SPEC): the first sub-tiles of this warp, from table
   // entries read beside the length (not after it). Balanced splits then take the sub-tiles in
@@ -257,23 +259,7 @@ extern "C" __global__ void __launch_bounds__(W * 32, 1)
         const int sub = ifirst + ik * W;
         const bool b = __any_sync(0xffffffffu, bad_box(sub, my_pg, ilen));
         if (lane == 0) s_slot_bad[warp][slot_idx] = b ? 1u : 0u;
-        const int tok0 = sub * TOK;
-        const u32 slot = smem_u32(ring + (size_t)slot_idx * SLOT_BYTES);
-        const u32 bar = smem_u32(&full_bar[warp][slot_idx]);
-        if (lane == 0) mbar_arrive_expect_tx(bar, SLOT_BYTES);
-        for (int k = 0; k < nbox; ++k) {
-          const int pg = __shfl_sync(0xffffffffu, my_pg, k);
-          if (lane == 0) {
-            const int tin = (tok0 + (k << bshift)) & in_page;
-            const int c1 = hnd ? tin : ikvh, c2 = hnd ? ikvh : tin;
-#pragma unroll
-            for (int cb = 0; cb < NB; ++cb) {
-              const u32 dst = slot + cb * TOK * 128 + (k << bshift) * 128;
-              tma_load_4d(dst, &k_map, bar, EPB * cb, c1, c2, pg, policy);
-              tma_load_4d(dst + SLOT_BYTES / 2, &v_map, bar, EPB * cb, c1, c2, pg, policy);
-            }
-          }
-        }
+        issue_kvh(slot_idx, sub, my_pg, ikvh);
       };
       // the first STAGES positions of the warp's sequence
 #pragma unroll 1
