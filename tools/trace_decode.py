@@ -79,8 +79,9 @@ def _per_sm(t, base):
         gaps.extend(first[j] - ends[i] for i, j in zip(idx[:-1], idx[1:]))
     med = lambda x: float(np.median(x)) / 1000 if len(x) else float("nan")  # noqa: E731
     return (f"per SM: {len(per_sm)} SMs, CTAs {min(per_sm)}-{max(per_sm)}, streaming share med "
-            f"{np.median(stream_share) * 100:.1f} % (min {min(stream_share) * 100:.1f}), start-up med {med(startups):.2f} us, "
-            f"end -> next first sub-tile med {med(gaps):.2f} us (max {max(gaps, default=0) / 1000:.2f}), span {span / 1000:.2f} us")
+            f"{np.median(stream_share) * 100:.1f} % (min {min(stream_share) * 100:.1f}), "
+            f"start-up med {med(startups):.2f} us, end -> next first sub-tile med {med(gaps):.2f} us "
+            f"(max {max(gaps, default=0) / 1000:.2f}), span {span / 1000:.2f} us")
 
 
 def _time(plan, trace, grid, flush, cp, title, per_sm=False):

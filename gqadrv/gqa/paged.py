@@ -192,6 +192,16 @@ def workspace_sizes(problem: PagedProblem, variant: _routes.Variant, splits: int
 SPEC_MAX_HEAD_DIM = 128  # SPEC_BUILD of kernels/gqa/sm90/decode_paged_tma.cu (D 256 has no register for it)
 
 
+def _grid_ctas(problem: PagedProblem, variant: _routes.Variant, splits: int) -> int:
+    """CTAs of a launch with one CTA per (batch, KV head, row block, split)."""
+    return problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits
+
+
+def _resident_ctas(problem: PagedProblem, ctas_per_sm: int) -> int:
+    """CTAs of the route's kernel resident at once on the problem's GPU."""
+    return _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
+
+
 def speculates(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int, splits: int) -> bool:
     """Whether the TMA kernel fills its ring before the length is known (GQA_PAGED_FLAG_SPEC,
     kernels/gqa/sm90/decode_paged_tma.cu): for grids of one wave, where each CTA's start is on the
@@ -200,15 +210,15 @@ def speculates(problem: PagedProblem, variant: _routes.Variant, ctas_per_sm: int
     if (variant.family.name != "paged_tma" or variant.head_dim > SPEC_MAX_HEAD_DIM or problem.table is None
             or os.environ.get("GQADRV_PAGED_SPEC") == "0"):
         return False
-    ctas = problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits
-    return ctas <= _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
+    return _grid_ctas(problem, variant, splits) <= _resident_ctas(problem, ctas_per_sm)
 
 
 def multi_build(variant: _routes.Variant) -> bool:
     """Whether a TMA build walks several units per CTA (GQA_PAGED_MULTI, a development switch: MULTI_BUILD of
     kernels/gqa/sm90/decode_paged_tma.cu): D <= 128 and a warp's state (ROWS x (D + 8) floats and the
     {m, l} pairs) fits one ring slot (K and V of TOK tokens)."""
-    if variant.family.name != "paged_tma" or not dict(variant.switches).get("GQA_PAGED_MULTI", 0):
+    if (not variant.switches or variant.family.name != "paged_tma"
+            or not dict(variant.switches).get("GQA_PAGED_MULTI", 0)):
         return False
     d, rows, tok = variant.head_dim, variant.rows, variant.tiling.tok
     kv_bytes = max(d, 128) * tok if variant.kv8 else d * tok * 2
@@ -219,12 +229,11 @@ def successor_stride(problem: PagedProblem, variant: _routes.Variant, ctas_per_s
     """G for the TMA kernel's successor prefetch (GQA_PAGED_NEXT builds, a development switch,
     GQADRV_PAGED_NEXT=n): the co-resident CTAs of a launch of more than one wave (CTA x + G takes the
     SM that x frees), else 0 (no prefetch; one-wave grids speculate instead, ``speculates``)."""
-    if dict(variant.switches).get("GQA_PAGED_NEXT", 0) <= 0 or variant.head_dim > SPEC_MAX_HEAD_DIM \
-            or problem.table is None:
+    if (not variant.switches or dict(variant.switches).get("GQA_PAGED_NEXT", 0) <= 0
+            or variant.head_dim > SPEC_MAX_HEAD_DIM or problem.table is None):
         return 0
-    resident = _drv.device_info(problem.device).sm_count * max(1, ctas_per_sm)
-    ctas = problem.batch * problem.num_kv_heads * row_blocks(problem, variant) * splits
-    return resident if ctas > resident and resident < (1 << 15) else 0
+    resident = _resident_ctas(problem, ctas_per_sm)
+    return resident if _grid_ctas(problem, variant, splits) > resident and resident < (1 << 15) else 0
 
 
 def _flags(problem: PagedProblem, spec: bool = False, next_stride: int = 0) -> int:
@@ -255,7 +264,7 @@ def args_fields(problem: PagedProblem, variant: _routes.Variant, *, out_ptr: int
         "k_scale": problem.scales.k_ptr, "v_scale": problem.scales.v_ptr,
         "k_scale_value": problem.scales.k_value, "v_scale_value": problem.scales.v_value,
         "k_scale_stride": problem.scales.k_stride, "v_scale_stride": problem.scales.v_stride,
-        "units": problem.batch * problem.num_kv_heads * row_blocks(problem, variant),
+        "units": _grid_ctas(problem, variant, 1),
     }
 
 
@@ -285,8 +294,7 @@ def launch_shape(problem: PagedProblem, variant: _routes.Variant, loaded: Loaded
         # launches without speculation or clusters): K >= 2 units per CTA, the hardware still placing the
         # CTAs on the SMs that free first; K = 1 the resident CTAs (a static order, measured 2026-12-08)
         k = dict(variant.switches)["GQA_PAGED_MULTI"]
-        resident = _drv.device_info(problem.device).sm_count * max(1, loaded.ctas_per_sm)
-        grid = (min(units, resident) if k <= 1 else -(-units // k), 1, 1)
+        grid = (min(units, _resident_ctas(problem, loaded.ctas_per_sm)) if k <= 1 else -(-units // k), 1, 1)
     return grid, variant.block, variant.dynamic_smem, None
 
 
