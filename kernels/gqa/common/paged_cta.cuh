@@ -103,7 +103,8 @@ GQADRV_DEVICE void paged_stage_q(const GqaPagedArgs& a, const PagedSchedule& sc,
 }
 
 // GQA_PAGED_MULTI: the output rows (and LSE) of one unit of a one-split launch from the W warp states
-// that the warps stored in their free ring slots (s_free[w] = slot index, -1: the warp had no sub-tile,
+// (merge_area_item's rule, over per-warp slot bases instead of one contiguous MergeArea) that the warps
+// stored in their free ring slots (s_free[w] = slot index, -1: the warp had no sub-tile,
 // an empty state): slot base {m, l} x ROWS, then ROWS rows of numerators at StateLayout<D>::STRIDE.
 // All W * 32 threads, after a CTA barrier that follows every state store.
 template <int DT, int D, int ROWS, int W, int STAGES, u32 SLOT_BYTES>
